@@ -1,0 +1,31 @@
+"""Executors by name. Each module is imported only when chosen, so `tensorrt_llm` and `torch` load only if needed.
+
+An executor module exposes `PARAMETERS` (the config.pbtxt names it reads, beyond the common and NVIDIA ones)
+and `create(params: Params) -> Executor`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ..params import ConfigError, Params
+from .base import Executor
+
+DEFAULT_EXECUTOR = "transformers"
+
+EXECUTOR_MODULES = {
+    "synthetic": "trtllm_model.executors.synthetic",
+    "transformers": "trtllm_model.executors.transformers_executor",
+    "trtllm_engine": "trtllm_model.executors.trtllm_engine",
+    "trtllm_llmapi": "trtllm_model.executors.trtllm_llmapi",
+}
+
+
+def create_executor(raw_params: dict[str, str], override: str | None = None) -> tuple[Executor, Params]:
+    """Build the executor named by `override` or the `executor` parameter, validating every parameter."""
+    name = override or Params(raw_params, accepted=raw_params.keys()).str("executor", DEFAULT_EXECUTOR)
+    if name not in EXECUTOR_MODULES:
+        raise ConfigError(f"parameter executor={name!r}: expected one of {', '.join(sorted(EXECUTOR_MODULES))}")
+    module = importlib.import_module(EXECUTOR_MODULES[name])
+    params = Params(raw_params, accepted=module.PARAMETERS)
+    return module.create(params), params

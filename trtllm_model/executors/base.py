@@ -1,0 +1,159 @@
+"""The executor interface every engine offers the poller.
+
+It mirrors TensorRT-LLM's executor: `enqueue` returns an id, `await_steps` blocks until any request has new
+tokens (or the timeout passes), a step carries only what is new since the previous one, `cancel` takes an id.
+Executors never see Triton objects; TensorRT-LLM objects never leave the `trtllm_*` adapters.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class FinishReason(enum.Enum):
+    """Why a sequence ended; `.value` is what clients see in `finish_reason`."""
+
+    NOT_FINISHED = "not_finished"
+    END_ID = "end_id"
+    STOP_WORDS = "stop_words"
+    LENGTH = "length"
+    TIMED_OUT = "timeout"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One generation request, engine-neutral. `None` means "the engine's default"."""
+
+    input_ids: list[int]
+    max_tokens: int
+    streaming: bool = True
+    end_id: int | None = None
+    pad_id: int | None = None
+    exclude_input_in_output: bool = True
+    # Sampling. temperature None or 0 with no top_k/top_p means greedy.
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    length_penalty: float | None = None
+    min_tokens: int | None = None
+    # Each word may span several tokens.
+    stop_words: list[list[int]] = field(default_factory=list)
+    bad_words: list[list[int]] = field(default_factory=list)
+    embedding_bias: list[float] | None = None
+    return_log_probs: bool = False
+    beam_width: int = 1
+    num_return_sequences: int = 1
+    # A request past this many milliseconds ends with the tokens so far and FinishReason.TIMED_OUT.
+    allotted_time_ms: int | None = None
+    # Executor-specific test hooks (the synthetic executor's fault injection); ignored by real engines.
+    faults: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Step:
+    """What one request gained since its previous step."""
+
+    request_id: int
+    token_ids: list[int] = field(default_factory=list)
+    is_final: bool = False
+    finish_reason: FinishReason = FinishReason.NOT_FINISHED
+    log_probs: list[float] | None = None
+    cum_log_prob: float | None = None
+    error: str | None = None
+    sequence_index: int = 0
+    # beam_width > 1: every beam in full so far (beams may rewrite earlier tokens); token_ids is then unused.
+    beams: list[list[int]] | None = None
+
+
+@dataclass(slots=True)
+class KvCacheStats:
+    max_blocks: int
+    free_blocks: int
+    used_blocks: int
+    tokens_per_block: int
+
+
+@dataclass(slots=True)
+class IterationStats:
+    """One engine iteration. A field left None is one this executor does not truly have."""
+
+    timestamp: float
+    iteration: int
+    active_requests: int
+    queued_requests: int
+    max_active_requests: int
+    scheduled_requests: int | None = None
+    context_requests: int | None = None
+    generation_requests: int | None = None
+    context_tokens: int | None = None
+    paused_requests: int | None = None
+    micro_batch_id: int | None = None
+    tokens_in_step: int | None = None
+    cpu_mem_bytes: int | None = None
+    gpu_mem_bytes: int | None = None
+    pinned_mem_bytes: int | None = None
+    kv_cache: KvCacheStats | None = None
+
+
+class Tokenizer(Protocol):
+    """What the text interface needs from a tokenizer (a Hugging Face tokenizer satisfies it)."""
+
+    eos_token_id: int | None
+    pad_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class ExecutorError(RuntimeError):
+    """Raised by an executor that can no longer serve (dead engine, failed step)."""
+
+
+class RequestRejected(ValueError):
+    """Raised by `enqueue` for a request this executor cannot take; the message names the field."""
+
+    def __init__(self, message: str, unsupported: bool = False) -> None:
+        super().__init__(message)
+        self.unsupported = unsupported
+
+
+class Executor(ABC):
+    """An engine behind the poller. `enqueue`, `cancel` and `await_steps` may be called from different threads."""
+
+    @abstractmethod
+    def enqueue(self, request: GenerationRequest) -> int:
+        """Submit a request; returns its id. Raises RequestRejected for a bad request, ExecutorError if dead."""
+
+    @abstractmethod
+    def await_steps(self, timeout_s: float) -> list[Step]:
+        """Block until some request has new output or `timeout_s` passes; never spins. Raises ExecutorError."""
+
+    @abstractmethod
+    def cancel(self, request_id: int) -> None:
+        """Ask the engine to stop a request; it still answers with a final step (CANCELLED)."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop the engine and release its resources; idempotent."""
+
+    def iteration_stats(self) -> list[IterationStats]:
+        """Stats of the iterations since the previous call (empty if the engine keeps none)."""
+        return []
+
+    def health_error(self) -> str | None:
+        """None while the engine can serve; otherwise why it cannot."""
+        return None
+
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer for the text interface, or None if this executor has none."""
+        return None
