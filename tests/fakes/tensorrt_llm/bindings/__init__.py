@@ -1,0 +1,1 @@
+"""Fake `tensorrt_llm.bindings`: only the `executor` submodule exists."""

@@ -1,0 +1,303 @@
+"""A strict fake of the LLM API (`tensorrt_llm.LLM`, `SamplingParams`), driven by the fake engine on a thread.
+
+As in the real API: `SamplingParams` and `KvCacheConfig` are keyword-only and reject unknown names; unknown
+`LLM(...)` keywords raise ValueError (pydantic's "extra inputs are not permitted"); `generate_async` returns a
+`RequestOutput` at once, and `async for` over it works only if `generate_async` ran on that event loop;
+`abort()` ends the request with a final step of zero new tokens and finish_reason 'cancelled'.
+A checkpoint directory needs `config.json` (`vocab_size`, `max_position_embeddings` are read).
+The tokenizer is byte-level: ids 0-255 are bytes, 256 is EOS, higher ids decode as " w<id>".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import queue
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import Self
+
+from .._engine import FakeEngine, Job, Update, fake_log_prob
+
+
+class RequestError(RuntimeError):
+    """Raised from iterating a RequestOutput whose request failed in the engine."""
+
+
+class Logprob(NamedTuple):
+    logprob: float
+    rank: int | None = None
+
+
+@dataclass(kw_only=True)
+class KvCacheConfig:
+    enable_block_reuse: bool = True
+    max_tokens: int | None = None
+    max_attention_window: list[int] | None = None
+    sink_token_length: int | None = None
+    free_gpu_memory_fraction: float | None = None
+    host_cache_size: int | None = None
+    onboard_blocks: bool = True
+
+
+@dataclass(kw_only=True)
+class SamplingParams:
+    max_tokens: int = 32
+    end_id: int | None = None
+    pad_id: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    bad: str | list[str] | None = None
+    bad_token_ids: list[int] | None = None
+    n: int = 1
+    best_of: int | None = None
+    use_beam_search: bool = False
+    top_k: int | None = None
+    top_p: float | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    min_tokens: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    length_penalty: float | None = None
+    logprobs: int | None = None
+    exclude_input_from_output: bool = True
+    ignore_eos: bool = False
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    embedding_bias: object = None
+
+    def __post_init__(self) -> None:
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) cannot be less than n ({self.n})")
+        if self.stop_token_ids is not None and not all(isinstance(t, int) for t in self.stop_token_ids):
+            raise TypeError("stop_token_ids must be list[int]")
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids_diff: list[int] = field(default_factory=list)
+    logprobs_diff: list = field(default_factory=list)
+    text_diff: str = ""
+
+
+_FINISH = {"END_ID": "stop", "STOP_WORDS": "stop", "LENGTH": "length", "TIMED_OUT": "timeout",
+           "CANCELLED": "cancelled"}
+
+
+class RequestOutput:
+    def __init__(self, llm: LLM, request_id: int, prompt_token_ids: list[int], params: SamplingParams,
+                 width: int, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.request_id = request_id
+        self.prompt: str | None = None
+        self.prompt_token_ids = prompt_token_ids
+        self.outputs = [CompletionOutput(index=i) for i in range(width)]
+        self.finished = False
+        self._llm = llm
+        self._params = params
+        self._loop = loop
+        self._aqueue: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
+        self._queue: queue.Queue = queue.Queue()
+        self._stop_words: list[list[int]] = []
+
+    # engine thread
+    def _push(self, item: Update) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._aqueue.put_nowait, item)
+        else:
+            self._queue.put(item)
+
+    def _apply(self, update: Update) -> None:
+        if update.error is not None:
+            self.finished = True
+            raise RequestError(update.error)
+        job = update.job
+        for output, new, reason in zip(self.outputs, update.new_tokens, job.finished):
+            if job.beam_width > 1:
+                output.token_ids_diff = new[len(output.token_ids):] if new[: len(output.token_ids)] == \
+                    output.token_ids else list(new)
+                output.token_ids = list(new)
+            else:
+                output.token_ids_diff = list(new)
+                output.token_ids = output.token_ids + list(new)
+            if self._params.logprobs:
+                output.logprobs_diff = [{t: Logprob(fake_log_prob(t), 1)} for t in output.token_ids_diff]
+                output.logprobs = output.logprobs + output.logprobs_diff
+                output.cumulative_logprob = sum(fake_log_prob(t) for t in output.token_ids)
+            if output.finish_reason is None and reason is not None:
+                output.finish_reason = _FINISH[reason]
+                if reason == "STOP_WORDS":
+                    word = next(w for w in self._stop_words if output.token_ids[-len(w):] == w)
+                    output.stop_reason = word[0] if len(word) == 1 else self._llm.tokenizer.decode(word)
+        self.finished = update.job_done
+
+    # consumer side
+    def abort(self) -> None:
+        self._llm._engine.cancel(self.request_id)
+
+    def __aiter__(self) -> RequestOutput:
+        if self._aqueue is None:
+            raise RuntimeError("async iteration needs generate_async() to be called on a running event loop")
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        self._apply(await self._aqueue.get())
+        return self
+
+    def __iter__(self) -> RequestOutput:
+        return self
+
+    def __next__(self) -> RequestOutput:
+        if self.finished:
+            raise StopIteration
+        self._apply(self._queue.get())
+        return self
+
+    async def aresult(self) -> RequestOutput:
+        async for _ in self:
+            pass
+        return self
+
+
+_LLM_KEYWORDS = frozenset({
+    "backend", "max_batch_size", "max_num_tokens", "max_seq_len", "max_input_len", "max_beam_width",
+    "kv_cache_config", "enable_chunked_prefill", "pipeline_parallel_size", "gpus_per_node",
+    "moe_expert_parallel_size", "enable_attention_dp", "cuda_graph_config", "disable_overlap_scheduler",
+    "enable_iter_perf_stats", "return_perf_metrics", "scheduler_config", "build_config",
+})
+
+
+class FakeTokenizer:
+    eos_token_id = 256
+    pad_token_id = 256
+
+    def encode(self, text: str, *args, add_special_tokens: bool = True, **kwargs) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids: list[int], *args, skip_special_tokens: bool = True, **kwargs) -> str:
+        out = bytearray()
+        for token in token_ids:
+            if token < 256:
+                out.append(token)
+            elif token > 256:
+                out.extend(f" w{token}".encode())
+            elif not skip_special_tokens:
+                out.extend(b"</s>")
+        return out.decode("utf-8", errors="replace")
+
+
+class LLM:
+    def __init__(self, model, tokenizer=None, tokenizer_mode: str = "auto", skip_tokenizer_init: bool = False,
+                 trust_remote_code: bool = False, tensor_parallel_size: int = 1, dtype: str = "auto",
+                 revision=None, tokenizer_revision=None, **kwargs) -> None:
+        unknown = sorted(set(kwargs) - _LLM_KEYWORDS)
+        if unknown:
+            raise ValueError(f"1 validation error for TorchLlmArgs\n{unknown[0]}\n  Extra inputs are not permitted")
+        if kwargs.get("backend") not in (None, "pytorch", "_autodeploy"):
+            raise ValueError(f"backend {kwargs['backend']!r}: expected 'pytorch' or '_autodeploy'")
+        kv = kwargs.get("kv_cache_config")
+        if kv is not None and not isinstance(kv, KvCacheConfig):
+            raise ValueError("kv_cache_config: Input should be a valid KvCacheConfig")
+        config_path = Path(model) / "config.json"
+        if not config_path.is_file():
+            raise ValueError(f"Failed to load the model from {model}: no config.json (not a Hugging Face checkpoint)")
+        config = json.loads(config_path.read_text())
+        self.args = dict(kwargs, model=str(model), tensor_parallel_size=tensor_parallel_size)
+        self.vocab_size = int(config.get("vocab_size", 32000))
+        self.max_seq_len = int(kwargs.get("max_seq_len") or config.get("max_position_embeddings", 2048))
+        self.max_beam_width = int(kwargs.get("max_beam_width") or 1)
+        self._tokenizer = None if skip_tokenizer_init else FakeTokenizer()
+        self._ids = itertools.count(1)
+        self._outputs: dict[int, RequestOutput] = {}
+        self._engine = FakeEngine(self.vocab_size, int(kwargs.get("max_batch_size") or 8), self._on_update, 0)
+
+    @property
+    def tokenizer(self) -> FakeTokenizer | None:
+        return self._tokenizer
+
+    def _on_update(self, update: Update) -> None:
+        output = self._outputs[update.job.job_id]
+        if update.job_done:
+            del self._outputs[update.job.job_id]
+        output._push(update)
+
+    def generate_async(self, inputs, sampling_params: SamplingParams | None = None, lora_request=None,
+                       prompt_adapter_request=None, streaming: bool = False, kv_cache_retention_config=None,
+                       disaggregated_params=None, scheduling_params=None, cache_salt=None) -> RequestOutput:
+        params = sampling_params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError("sampling_params must be a SamplingParams")
+        if isinstance(inputs, dict):
+            prompt = inputs.get("prompt_token_ids")
+        elif isinstance(inputs, list):
+            prompt = inputs
+        elif isinstance(inputs, str) and self._tokenizer is not None:
+            prompt = self._tokenizer.encode(inputs)
+        else:
+            raise TypeError(f"unsupported prompt input {type(inputs).__name__}")
+        if not prompt or not all(isinstance(t, int) for t in prompt):
+            raise ValueError("prompt_token_ids must be a non-empty list of ints")
+        if len(prompt) + params.max_tokens > self.max_seq_len:
+            raise ValueError(f"The sum of prompt length ({len(prompt)}) and max_tokens ({params.max_tokens}) "
+                             f"should not exceed max_seq_len ({self.max_seq_len})")
+        beam_width = (params.best_of or params.n) if params.use_beam_search else 1
+        if beam_width > self.max_beam_width:
+            raise ValueError(f"beam width {beam_width} exceeds max_beam_width {self.max_beam_width}")
+        stop_words = [[t] for t in params.stop_token_ids or []] + self._encode_words(params.stop)
+        bad_words = [[t] for t in params.bad_token_ids or []] + self._encode_words(params.bad)
+        end_id = params.end_id
+        if end_id is None and self._tokenizer is not None and not params.ignore_eos:
+            end_id = self._tokenizer.eos_token_id
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        request_id = next(self._ids)
+        width = beam_width if beam_width > 1 else params.n
+        output = RequestOutput(self, request_id, list(prompt), params, width, loop)
+        output._stop_words = stop_words
+        job = Job(job_id=request_id, prompt=list(prompt), max_tokens=params.max_tokens, beam_width=beam_width,
+                  num_sequences=params.n if beam_width == 1 else 1, end_id=end_id, min_tokens=params.min_tokens or 0,
+                  stop_words=stop_words, bad_words=bad_words)
+        if not streaming:
+            raise NotImplementedError("the fake LLM API serves streaming=True only")
+        with self._engine.cond:
+            self._outputs[request_id] = output
+        self._engine.submit(job)
+        return output
+
+    def _encode_words(self, words: str | list[str] | None) -> list[list[int]]:
+        if words is None:
+            return []
+        if self._tokenizer is None:
+            raise ValueError("stop/bad strings need a tokenizer")
+        return [self._tokenizer.encode(w) for w in ([words] if isinstance(words, str) else words)]
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+__all__ = ["LLM", "CompletionOutput", "KvCacheConfig", "Logprob", "RequestError", "RequestOutput", "SamplingParams"]

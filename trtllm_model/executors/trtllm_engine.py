@@ -1,0 +1,223 @@
+"""Executor over a TensorRT engine directory: `tensorrt_llm.bindings.executor.Executor` (what `trtllm-build` feeds).
+
+Configured with NVIDIA's config.pbtxt names (see trtllm_mapping). Multi-GPU engines run one tritonserver per
+MPI rank (leader mode): only the rank where `can_enqueue_requests()` is True serves; the others keep the engine
+alive and wait in `shutdown()`. With TRTLLM_ORCHESTRATOR=1 a single tritonserver spawns the MPI workers
+(`executor_worker_path`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..params import NVIDIA_PARAMETERS, ConfigError, Params
+from .base import Executor, ExecutorError, GenerationRequest, IterationStats, RequestRejected, Step, Tokenizer
+from .trtllm_mapping import (
+    ENGINE_PARAMETERS_USED,
+    executor_config,
+    iteration_stats_from,
+    step_from_response,
+    to_trt_request,
+)
+
+PARAMETERS: frozenset[str] = frozenset()  # only NVIDIA's names and the common ones
+DEFAULT_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
+NO_PACKAGE_FIX = (
+    "run in NVIDIA's Triton TensorRT-LLM container (nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3) "
+    "or set parameter executor=transformers"
+)
+
+log = logging.getLogger(__name__)
+
+
+def import_tensorrt_llm(module: str, executor: str) -> ModuleType:
+    """Import a tensorrt_llm module, turning "not installed" and "no GPU driver" into errors that say the fix."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "tensorrt_llm":
+            raise ConfigError(f"executor={executor} needs the tensorrt_llm package, which is not installed: "
+                              f"{NO_PACKAGE_FIX}") from exc
+        raise ExecutorError(f"executor={executor}: importing {module} failed: {exc}") from exc
+    except (ImportError, OSError) as exc:
+        if "libcuda" in str(exc) or "CUDA" in str(exc):
+            raise ExecutorError(
+                f"executor={executor}: tensorrt_llm cannot load because no NVIDIA GPU driver is visible ({exc}); "
+                "run on a GPU host with the container started with GPU access (docker run --gpus all, or a "
+                "compose device reservation), or set parameter executor=transformers"
+            ) from exc
+        raise ExecutorError(f"executor={executor}: importing {module} failed: {exc}") from exc
+
+
+def engine_dir_from(params: Params) -> Path:
+    """gpt_model_path, checked to be a readable engine directory (config.json + rank*.engine)."""
+    value = params.str("gpt_model_path")
+    if value is None:
+        raise ConfigError("parameter gpt_model_path: required for executor=trtllm_engine; set it to the directory "
+                          "trtllm-build wrote (--output_dir), e.g. --set gpt_model_path=/engines/llama")
+    path = Path(value)
+    if not path.is_dir():
+        raise ConfigError(f"parameter gpt_model_path={value}: no such directory; build the engine with "
+                          f"trtllm-build --output_dir {value} or mount it there")
+    config = path / "config.json"
+    if not config.is_file() or not os.access(config, os.R_OK):
+        raise ConfigError(f"parameter gpt_model_path={value}: no readable config.json, so not a TensorRT-LLM engine "
+                          "directory; point it at trtllm-build's --output_dir (check the mount and file permissions)")
+    engines = sorted(path.glob("rank*.engine"))
+    if not engines or not all(os.access(engine, os.R_OK) for engine in engines):
+        raise ConfigError(f"parameter gpt_model_path={value}: no readable rank*.engine file; run trtllm-build "
+                          "and check the mount and file permissions")
+    return path
+
+
+def orchestrator_worker_path(params: Params) -> str | None:
+    """The worker executable in orchestrator mode (TRTLLM_ORCHESTRATOR=1), else None (leader mode)."""
+    if os.environ.get("TRTLLM_ORCHESTRATOR") != "1":
+        return None
+    path = params.str("executor_worker_path", DEFAULT_WORKER_PATH)
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise ConfigError(f"parameter executor_worker_path={path}: TRTLLM_ORCHESTRATOR=1 needs the "
+                          "trtllmExecutorWorker executable; set executor_worker_path to it or unset TRTLLM_ORCHESTRATOR")
+    return path
+
+
+def ignored_parameters(params: Params) -> list[str]:
+    """NVIDIA parameters set in config.pbtxt that this executor does not act on (reported, never silent)."""
+    return sorted(key for key in NVIDIA_PARAMETERS - ENGINE_PARAMETERS_USED if params.is_set(key))
+
+
+def load_tokenizer(params: Params) -> Tokenizer | None:
+    directory = params.str("tokenizer_dir")
+    if directory is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ConfigError("parameter tokenizer_dir needs the transformers package; install it or unset "
+                          "tokenizer_dir (token-level requests only)") from exc
+    try:
+        return AutoTokenizer.from_pretrained(directory)
+    except Exception as exc:
+        raise ConfigError(f"parameter tokenizer_dir={directory}: cannot load a tokenizer there ({exc})") from exc
+
+
+class TrtllmEngineExecutor(Executor):
+    def __init__(self, tle: ModuleType, engine: Any, tokenizer: Tokenizer | None = None) -> None:
+        self._tle = tle
+        self._engine = engine
+        self._tokenizer = tokenizer
+        self._is_leader = bool(engine.can_enqueue_requests())
+        self._dead: str | None = None
+        self._closed = False
+        self._shutdown_lock = threading.Lock()
+
+    @property
+    def is_leader(self) -> bool:
+        return self._is_leader
+
+    def enqueue(self, request: GenerationRequest) -> int:
+        if not self._is_leader:
+            raise ExecutorError("this MPI rank is a TensorRT-LLM worker; requests go to the leader (rank 0)")
+        self._raise_if_unusable()
+        try:
+            trt_request = to_trt_request(self._tle, request, self._bias_tensor(request))
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise RequestRejected(f"TensorRT-LLM rejected the request: {exc}") from exc
+        try:
+            return self._engine.enqueue_request(trt_request)
+        except Exception as exc:
+            self._raise_if_unusable()
+            raise RequestRejected(f"TensorRT-LLM rejected the request: {exc}") from exc
+
+    def _bias_tensor(self, request: GenerationRequest) -> Any:
+        if request.embedding_bias is None:
+            return None
+        import torch  # tensorrt_llm depends on torch; the binding takes embedding_bias as a tensor
+
+        return torch.tensor(request.embedding_bias, dtype=torch.float32)
+
+    def await_steps(self, timeout_s: float) -> list[Step]:
+        if not self._is_leader:
+            time.sleep(timeout_s)  # workers serve nothing; the engine runs in its own threads
+            return []
+        self._raise_if_unusable()
+        try:
+            # A timedelta: a bare int would select the await_responses(request_id) overload.
+            responses = self._engine.await_responses(timeout=timedelta(seconds=max(timeout_s, 0.0)))
+        except Exception as exc:
+            if self._closed:
+                return []
+            self._dead = f"TensorRT-LLM executor failed: {exc}"
+            raise ExecutorError(self._dead) from exc
+        return [step_from_response(response) for response in responses]
+
+    def cancel(self, request_id: int) -> None:
+        if self._closed or not self._is_leader:
+            return
+        try:
+            self._engine.cancel_request(request_id)
+        except RuntimeError as exc:  # the request may already be gone; the engine still answers for live ones
+            log.debug("cancel_request(%s) failed: %s", request_id, exc)
+
+    def shutdown(self) -> None:
+        with self._shutdown_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._engine.shutdown()  # on a worker rank this returns when the leader shuts down
+
+    def iteration_stats(self) -> list[IterationStats]:
+        if self._closed or not self._is_leader:
+            return []
+        try:
+            return [iteration_stats_from(stats) for stats in self._engine.get_latest_iteration_stats()]
+        except RuntimeError as exc:
+            log.warning("get_latest_iteration_stats failed: %s", exc)
+            return []
+
+    def health_error(self) -> str | None:
+        return self._dead
+
+    def tokenizer(self) -> Tokenizer | None:
+        return self._tokenizer
+
+    def _raise_if_unusable(self) -> None:
+        if self._dead:
+            raise ExecutorError(self._dead)
+        if self._closed:
+            raise ExecutorError("the TensorRT-LLM executor is shut down")
+
+
+def create(params: Params) -> TrtllmEngineExecutor:
+    if params.is_set("encoder_model_path"):
+        raise ConfigError("parameter encoder_model_path: encoder-decoder engines are not supported by "
+                          "executor=trtllm_engine; unset it")
+    engine_dir = engine_dir_from(params)
+    worker_path = orchestrator_worker_path(params)
+    ignored = ignored_parameters(params)
+    if ignored:
+        log.warning("executor=trtllm_engine ignores these set parameters: %s", ", ".join(ignored))
+    tokenizer = load_tokenizer(params)
+    tle = import_tensorrt_llm("tensorrt_llm.bindings.executor", "trtllm_engine")
+    config = executor_config(tle, params, worker_path)
+    try:
+        engine = tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, config)
+    except Exception as exc:
+        raise ExecutorError(
+            f"executor=trtllm_engine: loading the engine in {engine_dir} failed: {exc}. Check that a GPU is "
+            "visible (nvidia-smi), that the engine was built by the same TensorRT-LLM version for this GPU, and that "
+            "MPI world size matches the engine's tensor/pipeline parallelism (mpirun -n <tp*pp>)"
+        ) from exc
+    executor = TrtllmEngineExecutor(tle, engine, tokenizer)
+    if not executor.is_leader:
+        log.info("this rank is a TensorRT-LLM worker in leader mode: it serves no requests")
+    return executor

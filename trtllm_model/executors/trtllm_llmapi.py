@@ -1,0 +1,185 @@
+"""Executor over TensorRT-LLM's LLM API (`tensorrt_llm.LLM`, PyTorch backend) and a Hugging Face checkpoint.
+
+The LLM API is asyncio-native: an event loop runs on its own thread; `enqueue` hands each request to it
+(`generate_async(..., streaming=True)` must run on that loop for `async for` to work), one task per request
+turns each streamed RequestOutput into Steps, and `cancel` calls `abort()` on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..params import NVIDIA_PARAMETERS, ConfigError, Params
+from .base import Executor, ExecutorError, FinishReason, GenerationRequest, RequestRejected, Step, Tokenizer
+from .trtllm_engine import import_tensorrt_llm
+from .trtllm_llmapi_mapping import (
+    LLMAPI_NVIDIA_PARAMETERS_USED,
+    LLMAPI_PARAMETERS,
+    OutputState,
+    kv_cache_kwargs,
+    llm_kwargs,
+    sampling_kwargs,
+    steps_from_output,
+)
+
+PARAMETERS = LLMAPI_PARAMETERS
+ENQUEUE_TIMEOUT_S = 60.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Live:
+    output: Any  # the RequestOutput being streamed
+    state: OutputState
+    task: asyncio.Task | None = None
+    timer: asyncio.TimerHandle | None = None
+
+
+class LlmApiExecutor(Executor):
+    def __init__(self, llm: Any, sampling_params_cls: type) -> None:
+        self._llm = llm
+        self._sampling_params_cls = sampling_params_cls
+        self._ids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._ready: list[Step] = []
+        self._live: dict[int, _Live] = {}  # touched only on the loop thread
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-llmapi-loop", daemon=True)
+        self._thread.start()
+
+    # -- interface (any thread) ------------------------------------------------------------------------------
+    def enqueue(self, request: GenerationRequest) -> int:
+        self._raise_if_unusable()
+        try:
+            params = self._sampling_params_cls(**sampling_kwargs(request, self.tokenizer()))
+        except (TypeError, ValueError) as exc:
+            raise RequestRejected(f"TensorRT-LLM rejected the sampling parameters: {exc}") from exc
+        request_id = next(self._ids)
+        started = asyncio.run_coroutine_threadsafe(self._start(request_id, request, params), self._loop)
+        try:
+            started.result(timeout=ENQUEUE_TIMEOUT_S)
+        except (TypeError, ValueError) as exc:
+            raise RequestRejected(f"TensorRT-LLM rejected the request: {exc}") from exc
+        except Exception as exc:
+            raise ExecutorError(f"TensorRT-LLM generate_async failed: {exc}") from exc
+        return request_id
+
+    def await_steps(self, timeout_s: float) -> list[Step]:
+        with self._cond:
+            if not self._ready:
+                self._cond.wait(timeout_s)
+            steps, self._ready = self._ready, []
+        if not steps:
+            self._raise_if_unusable()
+        return steps
+
+    def cancel(self, request_id: int) -> None:
+        if not self._closed:
+            self._loop.call_soon_threadsafe(self._abort, request_id, False)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._abort_all(), self._loop).result(timeout=10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        self._llm.shutdown()
+        with self._cond:
+            self._cond.notify_all()
+
+    def health_error(self) -> str | None:
+        if not self._closed and not self._thread.is_alive():
+            return "the LLM API event loop thread died"
+        return None
+
+    def tokenizer(self) -> Tokenizer | None:
+        return getattr(self._llm, "tokenizer", None)
+
+    def _raise_if_unusable(self) -> None:
+        if self._closed:
+            raise ExecutorError("the TensorRT-LLM LLM API executor is shut down")
+        error = self.health_error()
+        if error:
+            raise ExecutorError(error)
+
+    # -- loop thread -----------------------------------------------------------------------------------------
+    async def _start(self, request_id: int, request: GenerationRequest, params: Any) -> None:
+        output = self._llm.generate_async({"prompt_token_ids": list(request.input_ids)}, sampling_params=params,
+                                          streaming=True)
+        live = _Live(output, OutputState(beam_search=request.beam_width > 1, want_log_probs=request.return_log_probs))
+        if request.allotted_time_ms:
+            live.timer = self._loop.call_later(request.allotted_time_ms / 1000, self._abort, request_id, True)
+        live.task = self._loop.create_task(self._stream(request_id, live))
+        self._live[request_id] = live
+
+    async def _stream(self, request_id: int, live: _Live) -> None:
+        try:
+            async for output in live.output:
+                self._publish(steps_from_output(request_id, output, live.state))
+            if not live.state.final_sent:
+                self._publish([Step(request_id, is_final=True, finish_reason=FinishReason.ERROR,
+                                    error="the LLM API stream ended without a final response")])
+        except Exception as exc:  # noqa: BLE001 - a failed request ends its own stream, never the executor
+            self._publish([Step(request_id, is_final=True, finish_reason=FinishReason.ERROR,
+                                error=f"TensorRT-LLM: {exc or type(exc).__name__}")])
+        finally:
+            self._live.pop(request_id, None)
+            if live.timer is not None:
+                live.timer.cancel()
+
+    def _abort(self, request_id: int, timed_out: bool) -> None:
+        live = self._live.get(request_id)
+        if live is None or live.state.final_sent:
+            return
+        live.state.timed_out = live.state.timed_out or timed_out
+        live.output.abort()
+
+    async def _abort_all(self) -> None:
+        for request_id in list(self._live):
+            self._abort(request_id, False)
+
+    def _publish(self, steps: list[Step]) -> None:
+        if steps:
+            with self._cond:
+                self._ready.extend(steps)
+                self._cond.notify_all()
+
+
+def ignored_parameters(params: Params) -> list[str]:
+    return sorted(key for key in NVIDIA_PARAMETERS - LLMAPI_NVIDIA_PARAMETERS_USED if params.is_set(key))
+
+
+def create(params: Params) -> LlmApiExecutor:
+    kwargs = llm_kwargs(params)
+    checkpoint = Path(kwargs["model"])
+    if not (checkpoint / "config.json").is_file():
+        raise ConfigError(f"parameter hf_model_path={checkpoint}: no config.json there, so not a Hugging Face "
+                          "checkpoint; download the model (huggingface-cli download <repo> --local-dir DIR) and mount "
+                          "DIR, or check the path and file permissions")
+    ignored = ignored_parameters(params)
+    if ignored:
+        log.warning("executor=trtllm_llmapi ignores these set parameters: %s", ", ".join(ignored))
+    tensorrt_llm = import_tensorrt_llm("tensorrt_llm", "trtllm_llmapi")
+    kv_kwargs = kv_cache_kwargs(params)
+    if kv_kwargs:
+        llmapi = import_tensorrt_llm("tensorrt_llm.llmapi", "trtllm_llmapi")
+        kwargs["kv_cache_config"] = llmapi.KvCacheConfig(**kv_kwargs)
+    try:
+        llm = tensorrt_llm.LLM(**kwargs)
+    except Exception as exc:
+        raise ExecutorError(
+            f"executor=trtllm_llmapi: loading {checkpoint} failed: {exc}. Check that a GPU is visible (nvidia-smi), "
+            "that the checkpoint is complete and of an architecture TensorRT-LLM supports, and that "
+            "tensor_parallel_size does not exceed the GPUs available"
+        ) from exc
+    return LlmApiExecutor(llm, tensorrt_llm.SamplingParams)

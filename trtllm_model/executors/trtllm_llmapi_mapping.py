@@ -1,0 +1,181 @@
+"""Pure conversions between our executor types and the LLM API (`tensorrt_llm.LLM`): no tensorrt_llm import here.
+
+`sampling_kwargs` builds the keyword-only SamplingParams arguments; `steps_from_output` turns one streamed
+`RequestOutput` (cumulative `token_ids`, per-step `token_ids_diff`) into the Steps it adds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..params import ConfigError, Params
+from .base import FinishReason, GenerationRequest, RequestRejected, Step, Tokenizer
+
+# The LLM API's finish_reason strings ('stop' is split by stop_reason: None means the end token).
+FINISH_REASONS = {"length": FinishReason.LENGTH, "timeout": FinishReason.TIMED_OUT, "cancelled": FinishReason.CANCELLED}
+LLMAPI_PARAMETERS = frozenset({"hf_model_path", "llm_backend", "tensor_parallel_size", "pipeline_parallel_size"})
+LLMAPI_NVIDIA_PARAMETERS_USED = frozenset(
+    {
+        "max_beam_width", "kv_cache_free_gpu_mem_fraction", "max_tokens_in_paged_kv_cache", "enable_kv_cache_reuse",
+        "enable_chunked_context", "kv_cache_host_memory_bytes", "exclude_input_in_output",
+    }
+)
+
+
+def _set_only(**kwargs: Any) -> dict[str, Any]:
+    return {key: value for key, value in kwargs.items() if value is not None}
+
+
+def kv_cache_kwargs(params: Params) -> dict[str, Any]:
+    """NVIDIA's KV-cache parameter names -> `tensorrt_llm.llmapi.KvCacheConfig` keywords (set ones only)."""
+    return _set_only(
+        free_gpu_memory_fraction=params.float("kv_cache_free_gpu_mem_fraction", minimum=0.0, maximum=1.0),
+        max_tokens=params.int("max_tokens_in_paged_kv_cache", minimum=1),
+        enable_block_reuse=params.bool("enable_kv_cache_reuse"),
+        host_cache_size=params.int("kv_cache_host_memory_bytes", minimum=0),
+    )
+
+
+def llm_kwargs(params: Params) -> dict[str, Any]:
+    """`LLM(...)` keywords from config.pbtxt parameters, without kv_cache_config (the caller builds that object)."""
+    model = params.str("hf_model_path")
+    if model is None:
+        raise ConfigError("parameter hf_model_path: required for executor=trtllm_llmapi; set it to a Hugging Face "
+                          "checkpoint directory (config.json + weights), e.g. --set hf_model_path=/models/llama")
+    backend = params.str("llm_backend", "pytorch", choices=("pytorch", "_autodeploy"))
+    return dict(
+        model=model,
+        backend=backend,
+        **_set_only(
+            tensor_parallel_size=params.int("tensor_parallel_size", minimum=1),
+            pipeline_parallel_size=params.int("pipeline_parallel_size", minimum=1),
+            max_batch_size=params.int("max_batch_size", minimum=1),
+            max_beam_width=params.int("max_beam_width", minimum=1),
+            enable_chunked_prefill=params.bool("enable_chunked_context"),
+        ),
+    )
+
+
+def _split_words(
+    words: list[list[int]], tokenizer: Tokenizer | None, field_name: str
+) -> tuple[list[int], list[str]]:
+    """Single-token words go as ids; the API takes longer words only as strings, so those are decoded."""
+    ids, texts = [], []
+    for word in words:
+        if len(word) == 1:
+            ids.append(word[0])
+        elif word:
+            if tokenizer is None:
+                raise RequestRejected(
+                    f"{field_name}: a word of several tokens needs the model's tokenizer, which this LLM lacks",
+                    unsupported=True,
+                )
+            texts.append(tokenizer.decode(word, skip_special_tokens=False))
+    return ids, texts
+
+
+def sampling_kwargs(request: GenerationRequest, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """GenerationRequest -> keywords for `SamplingParams(**kwargs)`; RequestRejected for what the API lacks."""
+    if request.embedding_bias is not None:
+        raise RequestRejected("embedding_bias: not supported by executor=trtllm_llmapi", unsupported=True)
+    stop_ids, stop_texts = _split_words(request.stop_words, tokenizer, "stop_words")
+    bad_ids, bad_texts = _split_words(request.bad_words, tokenizer, "bad_words")
+    kwargs = _set_only(
+        max_tokens=request.max_tokens,
+        end_id=request.end_id,
+        pad_id=request.pad_id,
+        top_k=request.top_k,
+        top_p=request.top_p,
+        temperature=request.temperature if request.temperature else None,  # 0 means greedy: leave unset
+        seed=request.seed,
+        min_tokens=request.min_tokens,
+        repetition_penalty=request.repetition_penalty,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        length_penalty=request.length_penalty,
+        stop_token_ids=stop_ids or None,
+        stop=stop_texts or None,
+        bad_token_ids=bad_ids or None,
+        bad=bad_texts or None,
+        logprobs=1 if request.return_log_probs else None,
+    )
+    if request.stop_words:
+        kwargs["include_stop_str_in_output"] = True  # keep stop words in the output, as the engine executor does
+    if request.beam_width > 1:
+        kwargs.update(use_beam_search=True, best_of=request.beam_width, n=min(request.num_return_sequences,
+                                                                               request.beam_width))
+    elif request.num_return_sequences > 1:
+        kwargs["n"] = request.num_return_sequences
+    return kwargs
+
+
+@dataclass
+class OutputState:
+    """What the adapter remembers about one streamed request between RequestOutput updates."""
+
+    beam_search: bool
+    want_log_probs: bool
+    timed_out: bool = False
+    finished_sequences: set[int] = field(default_factory=set)
+    final_sent: bool = False
+
+
+def finish_reason(reason: str | None, stop_reason: Any, timed_out: bool = False) -> FinishReason:
+    if reason is None:
+        return FinishReason.NOT_FINISHED
+    if reason == "stop":
+        return FinishReason.END_ID if stop_reason is None else FinishReason.STOP_WORDS
+    if reason == "cancelled" and timed_out:
+        return FinishReason.TIMED_OUT  # our allotted_time_ms timer aborted it
+    return FINISH_REASONS.get(reason, FinishReason.END_ID)  # a reason newer than this code: the sequence did end
+
+
+def log_probs_of(entries: list[Any], tokens: list[int]) -> list[float]:
+    """logprobs_diff holds floats (TensorRT backend) or {token_id: Logprob} dicts (PyTorch backend)."""
+    values = []
+    for entry, token in zip(entries, tokens):
+        if isinstance(entry, dict):
+            entry = entry.get(token, next(iter(entry.values()), None))
+        values.append(float(getattr(entry, "logprob", entry)))
+    return values
+
+
+def steps_from_output(request_id: int, output: Any, state: OutputState) -> list[Step]:
+    """The Steps one RequestOutput update adds; the last one has is_final when the request finished."""
+    steps: list[Step] = []
+    if state.beam_search:
+        first = output.outputs[0]
+        steps.append(
+            Step(
+                request_id,
+                beams=[list(o.token_ids) for o in output.outputs],
+                finish_reason=finish_reason(first.finish_reason, first.stop_reason, state.timed_out),
+                cum_log_prob=first.cumulative_logprob if state.want_log_probs else None,
+            )
+        )
+    else:
+        for completion in output.outputs:
+            if completion.index in state.finished_sequences:
+                continue
+            reason = finish_reason(completion.finish_reason, completion.stop_reason, state.timed_out)
+            tokens = list(completion.token_ids_diff)
+            if not tokens and reason is FinishReason.NOT_FINISHED:
+                continue
+            step = Step(request_id, tokens, finish_reason=reason, sequence_index=completion.index)
+            if state.want_log_probs:
+                step.log_probs = log_probs_of(list(completion.logprobs_diff or []), tokens)
+                step.cum_log_prob = completion.cumulative_logprob
+            if reason is not FinishReason.NOT_FINISHED:
+                state.finished_sequences.add(completion.index)
+            steps.append(step)
+    if output.finished:
+        if not steps:
+            last = output.outputs[-1]
+            reason = finish_reason(last.finish_reason, last.stop_reason, state.timed_out)
+            if reason is FinishReason.NOT_FINISHED:
+                reason = FinishReason.TIMED_OUT if state.timed_out else FinishReason.CANCELLED
+            steps.append(Step(request_id, finish_reason=reason, sequence_index=last.index))
+        steps[-1].is_final = True
+        state.final_sent = True
+    return steps
