@@ -32,7 +32,7 @@ NVIDIA_PARAMETERS = frozenset(
 
 # Ours, common to every executor.
 COMMON_PARAMETERS = frozenset(
-    {"executor", "max_batch_size", "max_input_len", "max_output_len", "sender_threads", "request_timeout_ms"}
+    {"executor", "max_batch_size", "max_input_len", "max_output_len", "sender_threads", "apply_chat_template"}
 )
 
 _TRUE = {"true", "1", "yes", "on"}

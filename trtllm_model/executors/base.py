@@ -130,6 +130,9 @@ class RequestRejected(ValueError):
 class Executor(ABC):
     """An engine behind the poller. `enqueue`, `cancel` and `await_steps` may be called from different threads."""
 
+    # Token ids at or above this are refused at the edge (None: the engine checks, or has no fixed vocabulary).
+    vocab_size: int | None = None
+
     @abstractmethod
     def enqueue(self, request: GenerationRequest) -> int:
         """Submit a request; returns its id. Raises RequestRejected for a bad request, ExecutorError if dead."""

@@ -1,0 +1,133 @@
+"""A real tritonserver for end-to-end tests: started through `trtllm-triton serve` on free ports, stopped after."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from trtllm_model.server import DEFAULT_REPOSITORY, free_ports, is_ready
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: Path
+    repository: Path
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def set_parameters(config_text: str, parameters: dict[str, str]) -> str:
+    """Set (or add) `parameters` entries of a config.pbtxt."""
+    for key, value in parameters.items():
+        pattern = re.compile(r'parameters: \{\s*key: "' + re.escape(key) + r'"\s*value: \{ string_value: "[^"]*" \}\s*\}\n')
+        config_text = pattern.sub("", config_text)
+        config_text += f'parameters: {{\n  key: "{key}"\n  value: {{ string_value: "{value}" }}\n}}\n'
+    return config_text
+
+
+def write_repository(
+    target: Path,
+    parameters: dict[str, str] | None = None,
+    models: tuple[str, ...] = ("tensorrt_llm", "ensemble"),
+    config_edits: dict[str, str] | None = None,
+    source: Path = DEFAULT_REPOSITORY,
+) -> Path:
+    """A copy of the project's model repository with some `tensorrt_llm` parameters or config text changed."""
+    if target.exists():
+        shutil.rmtree(target)
+    for model in models:
+        shutil.copytree(source / model, target / model, ignore=shutil.ignore_patterns("__pycache__"))
+    config = target / "tensorrt_llm" / "config.pbtxt"
+    text = set_parameters(config.read_text(), parameters or {})
+    for old, new in (config_edits or {}).items():
+        assert old in text, f"config edit target not found: {old!r}"
+        text = text.replace(old, new)
+    config.write_text(text)
+    return target
+
+
+def start_server(
+    workdir: Path,
+    executor: str | None = "synthetic",
+    parameters: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    repository: Path | None = None,
+    models: tuple[str, ...] = ("tensorrt_llm", "ensemble"),
+    config_edits: dict[str, str] | None = None,
+    ready_timeout_s: float = 300.0,
+    expect_ready: bool = True,
+) -> Server:
+    """Start `trtllm-triton serve` on free ports; returns once every model is ready (or raises with the log)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    if repository is None:
+        repository = write_repository(workdir / "repository", parameters, models, config_edits)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    log_path = workdir / "server.log"
+    command = [
+        sys.executable, "-m", "trtllm_model.cli", "serve",
+        f"--model-repository={repository}", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}", f"--ready-timeout={ready_timeout_s}",
+    ]
+    if executor:
+        command.append(f"--executor={executor}")
+    environment = dict(os.environ)
+    environment.update(env or {})
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment)
+    server = Server(process, http_port, grpc_port, metrics_port, log_path, repository)
+    if not expect_ready:
+        return server
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"tritonserver exited ({process.returncode}):\n{server.log()[-6000:]}")
+        if is_ready("127.0.0.1", http_port) and "trtllm-triton: ready" in server.log():
+            return server
+        time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(f"tritonserver not ready after {ready_timeout_s} s:\n{server.log()[-6000:]}")
+
+
+@pytest.fixture(scope="session")
+def synthetic_server(tmp_path_factory):
+    """One server with the synthetic executor (10 ms steps) shared by the end-to-end tests that don't stop it."""
+    server = start_server(tmp_path_factory.mktemp("synthetic"), executor="synthetic")
+    yield server
+    server.stop()

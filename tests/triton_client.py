@@ -1,0 +1,128 @@
+"""Client helpers for the end-to-end tests: build NVIDIA-named inputs and collect streamed responses."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import InferResult, service_pb2_grpc
+from tritonclient.grpc._utils import _get_inference_request
+
+_DTYPES = {np.int32: "INT32", np.float32: "FP32", np.bool_: "BOOL", np.uint64: "UINT64", np.object_: "BYTES"}
+
+
+def tensor(name: str, value, dtype) -> grpcclient.InferInput:
+    array = np.asarray(value, dtype=dtype)
+    if array.ndim == 0:
+        array = array.reshape(1, 1)
+    elif name in ("input_ids", "embedding_bias", "stop_words", "bad_words") and array.ndim == 1:
+        array = array.reshape(1, -1)
+    infer_input = grpcclient.InferInput(name, list(array.shape), _DTYPES[array.dtype.type])
+    infer_input.set_data_from_numpy(array)
+    return infer_input
+
+
+def token_inputs(input_ids: list[int], max_tokens: int, streaming: bool = True, **extra) -> list[grpcclient.InferInput]:
+    inputs = [
+        tensor("input_ids", [input_ids], np.int32),
+        tensor("request_output_len", max_tokens, np.int32),
+        tensor("streaming", streaming, np.bool_),
+    ]
+    for name, (value, dtype) in extra.items():
+        inputs.append(tensor(name, value, dtype))
+    return inputs
+
+
+def text_inputs(text: str, max_tokens: int, stream: bool = True, **extra) -> list[grpcclient.InferInput]:
+    inputs = [
+        tensor("text_input", [[text.encode()]], np.object_),
+        tensor("max_tokens", max_tokens, np.int32),
+        tensor("stream", stream, np.bool_),
+    ]
+    for name, (value, dtype) in extra.items():
+        inputs.append(tensor(name, value, dtype))
+    return inputs
+
+
+@dataclass
+class StreamResult:
+    responses: list = field(default_factory=list)  # InferResult with outputs, in arrival order
+    errors: list[str] = field(default_factory=list)  # error messages (an error response is always final)
+    finals: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def tokens(self) -> list[int]:
+        return [int(t) for r in self.responses for t in r.as_numpy("output_ids").reshape(-1)]
+
+    def text(self) -> str:
+        return "".join(r.as_numpy("text_output").reshape(-1)[0].decode() for r in self.responses)
+
+    def wait(self, timeout_s: float = 60.0) -> StreamResult:
+        assert self.done.wait(timeout_s), "no final response"
+        return self
+
+
+class StreamClient:
+    """One bidirectional gRPC stream carrying many requests, on Triton's own gRPC service.
+
+    tritonclient's stream callback drops the request id of error responses; here every response, error or not,
+    lands on the request it answers.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.channel = grpc.insecure_channel(url)
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        self.results: dict[str, StreamResult] = {}
+        self._requests: queue.Queue = queue.Queue()
+        self._call = self.stub.ModelStreamInfer(iter(self._requests.get, None))
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for message in self._call:
+                response = message.infer_response
+                target = self.results.get(response.id)
+                if target is None:
+                    continue
+                if message.error_message:
+                    target.errors.append(message.error_message)
+                    target.finals += 1
+                    target.done.set()
+                    continue
+                final = response.parameters.get("triton_final_response")
+                if response.outputs:
+                    target.responses.append(InferResult(response))
+                if final is not None and final.bool_param:
+                    target.finals += 1
+                    target.done.set()
+        except grpc.RpcError:
+            pass  # stream closed or cancelled
+
+    def send(self, model: str, inputs, request_id: str, parameters: dict | None = None) -> StreamResult:
+        result = StreamResult()
+        self.results[request_id] = result
+        request = _get_inference_request(model, inputs, "", request_id, None, 0, False, False, 0, None, parameters)
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        self._requests.put(request)
+        return result
+
+    def cancel(self) -> None:
+        """Cancel the whole gRPC call, as `stop_stream(cancel_requests=True)` does."""
+        self._call.cancel()
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self.channel.close()
+
+
+def stream_once(url: str, model: str, inputs, timeout_s: float = 60.0, parameters: dict | None = None) -> StreamResult:
+    client = StreamClient(url)
+    try:
+        return client.send(model, inputs, "only", parameters).wait(timeout_s)
+    finally:
+        client.close()

@@ -1,0 +1,90 @@
+"""`trtllm-triton`: serve the model repository on a real tritonserver, or write a repository from flags."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from .server import (
+    DEFAULT_REPOSITORY,
+    EXECUTOR_OVERRIDE_ENV,
+    ServerOptions,
+    ports_in_use,
+    server_command,
+    server_environment,
+    wait_until_ready,
+)
+
+
+def serve(options: ServerOptions, ready_timeout_s: float) -> int:
+    connect_host = "127.0.0.1" if options.host == "0.0.0.0" else options.host
+    busy = ports_in_use(options.host, [options.http_port, options.grpc_port, options.metrics_port])
+    if busy:
+        print(f"trtllm-triton: port(s) {', '.join(map(str, busy))} already in use on {options.host}; "
+              "stop the other server or pick other --http-port/--grpc-port/--metrics-port", file=sys.stderr)
+        return 2
+    extra_env = {EXECUTOR_OVERRIDE_ENV: options.executor} if options.executor else {}
+    process = subprocess.Popen(server_command(options), env=server_environment(extra_env))
+
+    def forward(signum, _frame):
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    if wait_until_ready(process, connect_host, options.http_port, ready_timeout_s):
+        print(
+            f"\ntrtllm-triton: ready. models: tensorrt_llm, ensemble\n"
+            f"  HTTP     http://{connect_host}:{options.http_port}  (POST /v2/models/ensemble/generate_stream)\n"
+            f"  gRPC     {connect_host}:{options.grpc_port}\n"
+            f"  metrics  http://{connect_host}:{options.metrics_port}/metrics\n",
+            flush=True,
+        )
+    elif process.poll() is None:
+        print(f"trtllm-triton: server not ready after {ready_timeout_s:.0f} s; stopping it", file=sys.stderr)
+        process.terminate()
+    else:
+        print("trtllm-triton: tritonserver exited before it was ready (see its log above)", file=sys.stderr)
+    return process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trtllm-triton")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("serve", help="start tritonserver on a model repository and wait until it exits")
+    run.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
+    run.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
+    run.add_argument("--http-port", type=int, default=8000)
+    run.add_argument("--grpc-port", type=int, default=8001)
+    run.add_argument("--metrics-port", type=int, default=8002)
+    run.add_argument("--executor", help="override the config's `executor` parameter (e.g. synthetic, transformers)")
+    run.add_argument("--log-verbose", type=int, default=0)
+    run.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
+    run.add_argument("server_args", nargs="*", help="extra tritonserver flags, after --")
+    commands.add_parser("configure", help="write a model repository from flags", add_help=False)
+
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "configure":
+        from .configure import main as configure_main
+
+        return configure_main(rest)
+    if rest:
+        parser.error(f"unrecognised arguments: {' '.join(rest)}")
+    options = ServerOptions(
+        model_repository=args.model_repository.resolve(),
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        executor=args.executor,
+        log_verbose=args.log_verbose,
+        extra_args=args.server_args,
+    )
+    return serve(options, args.ready_timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,336 @@
+"""Request tensors -> GenerationRequest, and executor output -> response tensors. Pure numpy; no Triton here.
+
+Names follow NVIDIA's `tensorrt_llm` (token-level) and `ensemble` (text-level) models, so their clients work
+unchanged. Every error is an InvalidInput whose message names the offending field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .executors.base import GenerationRequest, Tokenizer
+
+UINT64_MAX = 2**64 - 1
+
+
+class InvalidInput(ValueError):
+    """A request the model refuses; `unsupported` selects UNSUPPORTED over INVALID_ARG."""
+
+    def __init__(self, message: str, unsupported: bool = False) -> None:
+        super().__init__(message)
+        self.unsupported = unsupported
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Model-wide limits and defaults from config.pbtxt."""
+
+    max_input_len: int | None = None
+    max_output_len: int | None = None
+    vocab_size: int | None = None
+    exclude_input_in_output: bool = False
+    apply_chat_template: bool = False
+    # Request parameters (besides Triton's own `triton_*`) this model accepts, e.g. synthetic fault injection.
+    accepted_parameters: frozenset[str] = frozenset()
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    """What `execute()` learned from one Triton request."""
+
+    generation: GenerationRequest
+    text_mode: bool
+    return_log_probs: bool = False
+    return_finish_reason: bool = False
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
+    # `stop` input: this request only asks to cancel the in-flight request with the same request id.
+    stop_only: bool = False
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+# Alternative spellings: NVIDIA renamed some inputs in 2025-05 and the text-level model uses other names.
+_ALIASES = {
+    "max_tokens": ("request_output_len", "max_tokens"),
+    "streaming": ("streaming", "stream"),
+    "top_k": ("runtime_top_k", "top_k"),
+    "top_p": ("runtime_top_p", "top_p"),
+    "seed": ("seed", "random_seed"),
+    "min_tokens": ("min_tokens", "min_length"),
+    "length_penalty": ("len_penalty", "length_penalty"),
+}
+
+
+def _pick(tensors: dict[str, np.ndarray], key: str) -> tuple[str, np.ndarray] | None:
+    found = [(name, tensors[name]) for name in _ALIASES.get(key, (key,)) if name in tensors]
+    if len(found) > 1:
+        raise InvalidInput(f"{found[0][0]} and {found[1][0]}: give only one of them")
+    return found[0] if found else None
+
+
+def _scalar(tensors: dict[str, np.ndarray], key: str):
+    picked = _pick(tensors, key)
+    if picked is None:
+        return None
+    name, array = picked
+    if array.size != 1:
+        raise InvalidInput(f"{name}: expected one value per request, got shape {list(array.shape)}")
+    return name, array.reshape(-1)[0]
+
+
+def _int(tensors, key, minimum: int | None = None, maximum: int | None = None) -> int | None:
+    got = _scalar(tensors, key)
+    if got is None:
+        return None
+    name, value = got
+    if not np.issubdtype(np.asarray(value).dtype, np.integer):
+        raise InvalidInput(f"{name}: expected an integer, got {np.asarray(value).dtype}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise InvalidInput(f"{name}={value}: must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise InvalidInput(f"{name}={value}: must be at most {maximum}")
+    return value
+
+
+def _float(tensors, key, minimum: float | None = None, maximum: float | None = None, open_min: bool = False):
+    got = _scalar(tensors, key)
+    if got is None:
+        return None
+    name, value = got
+    value = float(value)
+    if not math.isfinite(value):
+        raise InvalidInput(f"{name}={value}: must be a finite number")
+    if minimum is not None and (value < minimum or (open_min and value == minimum)):
+        bound = f"greater than {minimum}" if open_min else f"at least {minimum}"
+        raise InvalidInput(f"{name}={value}: must be {bound}")
+    if maximum is not None and value > maximum:
+        raise InvalidInput(f"{name}={value}: must be at most {maximum}")
+    return value
+
+
+def _bool(tensors, key, default: bool = False) -> bool:
+    got = _scalar(tensors, key)
+    if got is None:
+        return default
+    name, value = got
+    if np.asarray(value).dtype != np.bool_:
+        raise InvalidInput(f"{name}: expected BOOL, got {np.asarray(value).dtype}")
+    return bool(value)
+
+
+def _check_batch_of_one(tensors: dict[str, np.ndarray]) -> None:
+    for name, array in tensors.items():
+        if array.ndim >= 2 and array.shape[0] != 1:
+            raise InvalidInput(f"{name}: batch size {array.shape[0]}; send one sequence per request")
+
+
+def _token_list(name: str, array: np.ndarray, limits: Limits) -> list[int]:
+    if not np.issubdtype(array.dtype, np.integer):
+        raise InvalidInput(f"{name}: expected INT32 token ids, got {array.dtype}")
+    if array.ndim == 2 and array.shape[0] != 1:
+        raise InvalidInput(f"{name}: batch size {array.shape[0]}; send one sequence per request")
+    if array.ndim > 2:
+        raise InvalidInput(f"{name}: expected shape [1, tokens], got {list(array.shape)}")
+    ids = array.reshape(-1).tolist()
+    bad = [t for t in ids if t < 0 or (limits.vocab_size is not None and t >= limits.vocab_size)]
+    if bad:
+        raise InvalidInput(f"{name}: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})")
+    return ids
+
+
+def words_from_offsets(name: str, array: np.ndarray) -> list[list[int]]:
+    """NVIDIA's [1, 2, L] word list (row 0 token ids, row 1 end offsets padded with -1) -> list of words."""
+    if array.ndim == 3 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim != 2 or array.shape[0] != 2 or not np.issubdtype(array.dtype, np.integer):
+        raise InvalidInput(f"{name}: expected INT32 of shape [1, 2, L], got {array.dtype} {list(array.shape)}")
+    ids, offsets = array[0].tolist(), [o for o in array[1].tolist() if o != -1]
+    words, start = [], 0
+    for end in offsets:
+        if end <= start or end > len(ids):
+            raise InvalidInput(f"{name}: offsets must increase and stay within the {len(ids)} token ids")
+        word = ids[start:end]
+        if any(t < 0 for t in word):
+            raise InvalidInput(f"{name}: negative token id in a word")
+        words.append(word)
+        start = end
+    return words
+
+
+def words_to_offsets(words: list[list[int]]) -> np.ndarray:
+    """Inverse of words_from_offsets, for clients: list of words -> INT32 [1, 2, L]."""
+    ids = [t for word in words for t in word]
+    offsets = np.cumsum([len(w) for w in words]).tolist()
+    width = max(len(ids), len(offsets), 1)
+    row0 = ids + [0] * (width - len(ids))
+    row1 = offsets + [-1] * (width - len(offsets))
+    return np.array([[row0, row1]], dtype=np.int32)
+
+
+def _text_words(name: str, array: np.ndarray, tokenizer: Tokenizer) -> list[list[int]]:
+    words = []
+    for item in array.reshape(-1).tolist():
+        text = _utf8(name, item)
+        if text:
+            words.append(tokenizer.encode(text, add_special_tokens=False))
+    return [w for w in words if w]
+
+
+def _utf8(name: str, item) -> str:
+    if isinstance(item, str):
+        return item
+    try:
+        return bytes(item).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def parameters_dict(parameters_json: str | None, accepted: frozenset[str]) -> dict:
+    """Request parameters; unknown keys are refused (Triton's own `triton_*` keys pass through)."""
+    params = json.loads(parameters_json) if parameters_json else {}
+    unknown = sorted(k for k in params if k not in accepted and not k.startswith("triton_"))
+    if unknown:
+        raise InvalidInput(f"unknown request parameter(s): {', '.join(unknown)}")
+    return params
+
+
+def parse_request(
+    tensors: dict[str, np.ndarray],
+    parameters: dict,
+    limits: Limits,
+    tokenizer: Tokenizer | None,
+    chat_template=None,
+) -> ParsedRequest:
+    """Validate one request's input tensors and turn them into a GenerationRequest."""
+    if _bool(tensors, "stop"):
+        return ParsedRequest(GenerationRequest(input_ids=[0], max_tokens=1), text_mode=False, stop_only=True)
+    _check_batch_of_one(tensors)
+    text_mode = "text_input" in tensors
+    if text_mode and "input_ids" in tensors:
+        raise InvalidInput("text_input and input_ids: give one of them, not both")
+    if text_mode:
+        if tokenizer is None:
+            raise InvalidInput("text_input: this executor has no tokenizer; send input_ids", unsupported=True)
+        array = tensors["text_input"]
+        if array.size != 1:
+            raise InvalidInput(f"text_input: expected one string per request, got shape {list(array.shape)}")
+        text = _utf8("text_input", array.reshape(-1)[0])
+        if not text:
+            raise InvalidInput("text_input: the prompt is empty")
+        if _bool(tensors, "apply_chat_template", limits.apply_chat_template) and chat_template is not None:
+            text = chat_template(text)
+        input_ids = tokenizer.encode(text)
+    elif "input_ids" in tensors:
+        input_ids = _token_list("input_ids", tensors["input_ids"], limits)
+        length = _int(tensors, "input_lengths", minimum=1, maximum=len(input_ids))
+        if length is not None:
+            input_ids = input_ids[:length]
+    else:
+        raise InvalidInput("input_ids or text_input: one of them is required")
+    if not input_ids:
+        raise InvalidInput("input_ids: the prompt is empty")
+    if limits.max_input_len is not None and len(input_ids) > limits.max_input_len:
+        raise InvalidInput(f"input_ids: prompt of {len(input_ids)} tokens is over max_input_len={limits.max_input_len}")
+
+    max_tokens = _int(tensors, "max_tokens", minimum=1, maximum=limits.max_output_len)
+    if max_tokens is None:
+        raise InvalidInput("request_output_len (max_tokens): required")
+    beam_width = _int(tensors, "beam_width", minimum=1) or 1
+    end_id = _int(tensors, "end_id", minimum=0)
+    pad_id = _int(tensors, "pad_id", minimum=0)
+    if text_mode and end_id is None:
+        end_id = tokenizer.eos_token_id  # as NVIDIA's preprocessing: text requests end at the tokenizer's EOS
+    stop_words, bad_words = [], []
+    if "stop_words_list" in tensors:
+        stop_words = words_from_offsets("stop_words_list", tensors["stop_words_list"])
+    if "bad_words_list" in tensors:
+        bad_words = words_from_offsets("bad_words_list", tensors["bad_words_list"])
+    for name, target in (("stop_words", stop_words), ("bad_words", bad_words)):
+        if name in tensors:
+            if tokenizer is None:
+                raise InvalidInput(f"{name}: this executor has no tokenizer; send {name}_list", unsupported=True)
+            target.extend(_text_words(name, tensors[name], tokenizer))
+    embedding_bias = None
+    if "embedding_bias" in tensors and tensors["embedding_bias"].size:
+        embedding_bias = tensors["embedding_bias"].astype(np.float32).reshape(-1).tolist()
+
+    generation = GenerationRequest(
+        input_ids=input_ids,
+        max_tokens=max_tokens,
+        streaming=_bool(tensors, "streaming"),
+        end_id=end_id,
+        pad_id=pad_id,
+        exclude_input_in_output=_bool(tensors, "exclude_input_in_output", limits.exclude_input_in_output),
+        temperature=_float(tensors, "temperature", minimum=0.0),
+        top_k=_int(tensors, "top_k", minimum=0),
+        top_p=_float(tensors, "top_p", minimum=0.0, maximum=1.0, open_min=True),
+        seed=_int(tensors, "seed", minimum=0, maximum=UINT64_MAX),
+        repetition_penalty=_float(tensors, "repetition_penalty", minimum=0.0, open_min=True),
+        presence_penalty=_float(tensors, "presence_penalty"),
+        frequency_penalty=_float(tensors, "frequency_penalty"),
+        length_penalty=_float(tensors, "length_penalty"),
+        min_tokens=_int(tensors, "min_tokens", minimum=0),
+        stop_words=stop_words,
+        bad_words=bad_words,
+        embedding_bias=embedding_bias,
+        return_log_probs=_bool(tensors, "return_log_probs"),
+        beam_width=beam_width,
+        num_return_sequences=_int(tensors, "num_return_sequences", minimum=1) or 1,
+        allotted_time_ms=_int(tensors, "allotted_time_ms", minimum=1),
+        faults={k[len("synthetic_fault_"):]: str(v) for k, v in parameters.items() if k.startswith("synthetic_fault_")},
+    )
+    return ParsedRequest(
+        generation=generation,
+        text_mode=text_mode,
+        return_log_probs=generation.return_log_probs,
+        return_finish_reason=_bool(tensors, "return_finish_reason"),
+        return_num_input_tokens=_bool(tensors, "return_num_input_tokens"),
+        return_num_output_tokens=_bool(tensors, "return_num_output_tokens"),
+        prompt_ids=input_ids,
+    )
+
+
+def _column(values, dtype) -> np.ndarray:
+    return np.array([values], dtype=dtype).reshape(1, -1)
+
+
+def response_outputs(
+    parsed: ParsedRequest,
+    token_ids: list[int],
+    text: str | None,
+    log_probs: list[float] | None,
+    cum_log_prob: float | None,
+    finish_reason: str | None,
+    num_output_tokens: int,
+    sequence_index: int = 0,
+    beams: list[list[int]] | None = None,
+) -> dict[str, np.ndarray]:
+    """Output tensors of one response: the new tokens (streaming) or the whole output (final, non-streaming)."""
+    outputs: dict[str, np.ndarray] = {}
+    if parsed.text_mode:
+        outputs["text_output"] = np.array([[text.encode("utf-8")]], dtype=np.object_)
+    elif beams is not None:
+        width = max((len(b) for b in beams), default=0)
+        padded = [b + [-1] * (width - len(b)) for b in beams]
+        outputs["output_ids"] = np.array([padded], dtype=np.int32).reshape(1, len(beams), width)
+        outputs["sequence_length"] = np.array([[len(b) for b in beams]], dtype=np.int32)
+    else:
+        outputs["output_ids"] = np.array(token_ids, dtype=np.int32).reshape(1, 1, -1)
+        outputs["sequence_length"] = np.array([[len(token_ids)]], dtype=np.int32)
+    if parsed.return_log_probs:
+        outputs["output_log_probs"] = np.array(log_probs or [], dtype=np.float32).reshape(1, 1, -1)
+        outputs["cum_log_probs"] = np.array([[cum_log_prob or 0.0]], dtype=np.float32)
+    if parsed.return_finish_reason and finish_reason is not None:
+        outputs["finish_reason"] = np.array([[finish_reason.encode()]], dtype=np.object_)
+    if parsed.return_num_input_tokens:
+        outputs["num_input_tokens"] = np.array([[len(parsed.prompt_ids)]], dtype=np.int32)
+    if parsed.return_num_output_tokens:
+        outputs["num_output_tokens"] = np.array([[num_output_tokens]], dtype=np.int32)
+    if parsed.generation.num_return_sequences > 1:
+        outputs["sequence_index"] = np.array([[sequence_index]], dtype=np.int32)
+    return outputs

@@ -1,0 +1,109 @@
+"""TritonPythonModel for the decoupled `tensorrt_llm` model: a thin lifecycle over the poller.
+
+initialize: read config.pbtxt parameters, build the executor, start the poller.
+execute:    validate and convert each request, hand it to the poller, return None (responses are streamed).
+finalize:   end every open stream with a final response, stop the poller and the executor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import triton_python_backend_utils as pb_utils
+
+from .conversion import InvalidInput, Limits, parameters_dict, parse_request
+from .executors import create_executor
+from .executors.synthetic import SyntheticExecutor
+from .params import Params, parameters_from_model_config
+from .poller import Poller
+from .request_context import ErrorCode, RequestContext
+from .server import EXECUTOR_OVERRIDE_ENV
+from .triton_io import TritonStream, request_parameters_json, request_tensors
+
+log = logging.getLogger("trtllm_model")
+
+SYNTHETIC_FAULT_PARAMETERS = frozenset(f"synthetic_fault_{name}" for name in ("reject", "error_at", "crash_at", "stall_ms"))
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException("tensorrt_llm must use model_transaction_policy { decoupled: true }")
+        self.executor, params = create_executor(
+            parameters_from_model_config(model_config), os.environ.get(EXECUTOR_OVERRIDE_ENV) or None
+        )
+        self.tokenizer = self.executor.tokenizer()
+        self.chat_template = self._chat_template()
+        self.limits = Limits(
+            max_input_len=params.int("max_input_len", minimum=1),
+            max_output_len=params.int("max_output_len", minimum=1),
+            vocab_size=self.executor.vocab_size,
+            exclude_input_in_output=params.bool("exclude_input_in_output", False),
+            apply_chat_template=params.bool("apply_chat_template", False),
+            accepted_parameters=SYNTHETIC_FAULT_PARAMETERS if isinstance(self.executor, SyntheticExecutor) else frozenset(),
+        )
+        self.poller = Poller(
+            self.executor,
+            detokenizer_factory=self._detokenizer_factory(),
+            sender_threads=params.int("sender_threads", 2, minimum=1),
+            cancel_check_s=params.int("cancellation_check_period_ms", 100, minimum=1) / 1000.0,
+            max_open_requests=_max_open_requests(model_config, params),
+        )
+        self.poller.start()
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            stream = TritonStream(request)
+            try:
+                parameters = parameters_dict(request_parameters_json(request), self.limits.accepted_parameters)
+                parsed = parse_request(
+                    request_tensors(request), parameters, self.limits, self.tokenizer, self.chat_template
+                )
+            except InvalidInput as exc:
+                stream.send_error(ErrorCode.UNSUPPORTED if exc.unsupported else ErrorCode.INVALID_ARG, str(exc))
+                continue
+            except Exception as exc:  # never let one request's surprise take the batch down
+                log.exception("request conversion failed")
+                stream.send_error(ErrorCode.INVALID_ARG, f"malformed request: {exc}")
+                continue
+            self.poller.submit(RequestContext(parsed, stream, triton_request_id=request.request_id()))
+        return None
+
+    def finalize(self) -> None:
+        self.poller.shutdown("model is shutting down")
+
+    def _detokenizer_factory(self):
+        if self.tokenizer is None:
+            return None
+        tokenizer = self.tokenizer
+
+        def new_detokenizer():
+            from .detokenizer import IncrementalDetokenizer
+
+            return IncrementalDetokenizer(tokenizer)
+
+        return new_detokenizer
+
+    def _chat_template(self):
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            return None
+        tokenizer = self.tokenizer
+
+        def chat_prompt(text: str) -> str:
+            from .detokenizer import apply_chat_template
+
+            return apply_chat_template(tokenizer, text)
+
+        return chat_prompt
+
+
+def _max_open_requests(model_config: dict, params: Params) -> int | None:
+    """Requests the model holds at once: the executor's batch plus NVIDIA's `max_queue_size` (0 = unbounded)."""
+    policy = model_config.get("dynamic_batching", {}).get("default_queue_policy", {})
+    queue_size = int(policy.get("max_queue_size", 0) or 0) or params.int("max_queue_size", 0, minimum=0)
+    if not queue_size:
+        return None
+    return params.int("max_batch_size", 64, minimum=1) + queue_size

@@ -1,0 +1,355 @@
+"""The poller: moves requests into the executor and tokens out to their streams, and never loses a request.
+
+Threads (all started here, all stopped by `shutdown`):
+  poll      blocks in executor.await_steps (never spins) and routes each step to its request's sender shard
+  send-N    N sender threads; a request always maps to the same shard, so its responses stay in order.
+            A shard drains everything queued before sending, so several steps of one request leave as one
+            response (one IPC round trip instead of many).
+  cancel    every `cancel_check_s`, asks each open stream once whether its client cancelled, in one pass
+
+Every accepted request ends with exactly one final response: its last tokens, an error, CANCELLED, or
+UNAVAILABLE when the executor dies or the model shuts down.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .conversion import response_outputs
+from .executors.base import Executor, ExecutorError, FinishReason, RequestRejected, Step
+from .request_context import ErrorCode, RequestContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fail:
+    """A queued instruction to end a request with an error (keeps the send on the request's own shard)."""
+
+    code: ErrorCode
+    message: str
+
+
+_STOP = object()
+
+
+class Poller:
+    def __init__(
+        self,
+        executor: Executor,
+        detokenizer_factory: Callable[[], object] | None = None,
+        sender_threads: int = 2,
+        await_timeout_s: float = 0.1,
+        cancel_check_s: float = 0.1,
+        max_open_requests: int | None = None,
+        on_finished: Callable[[RequestContext], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        self.executor = executor
+        self.detokenizer_factory = detokenizer_factory
+        self.await_timeout_s = await_timeout_s
+        self.cancel_check_s = cancel_check_s
+        self.max_open_requests = max_open_requests
+        self.on_finished = on_finished
+        self.on_failure = on_failure
+        self.failure: str | None = None
+        self._lock = threading.Condition()
+        self._open: dict[int, RequestContext] = {}
+        self._by_triton_id: dict[str, RequestContext] = {}
+        self._accepting = True
+        self._running = True
+        self._shards: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(max(1, sender_threads))]
+        self._threads = [threading.Thread(target=self._poll_loop, name="poller", daemon=True)]
+        self._threads += [
+            threading.Thread(target=self._send_loop, args=(q,), name=f"sender-{i}", daemon=True)
+            for i, q in enumerate(self._shards)
+        ]
+        self._threads.append(threading.Thread(target=self._cancel_loop, name="cancel-watch", daemon=True))
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    # -- called from execute() ---------------------------------------------------------------------------------
+    def submit(self, ctx: RequestContext) -> None:
+        """Hand a parsed request to the executor; any refusal is answered on its stream right away."""
+        if ctx.parsed.stop_only:
+            self._stop_by_triton_id(ctx)
+            return
+        if ctx.parsed.text_mode and self.detokenizer_factory is not None:
+            ctx.detokenizer = self.detokenizer_factory()
+        with self._lock:
+            refusal = self._refusal()
+            if refusal is None:
+                try:
+                    # Enqueue under the lock: the poller can't route a step for this id before it is registered.
+                    ctx.executor_id = self.executor.enqueue(ctx.parsed.generation)
+                except RequestRejected as exc:
+                    refusal = (ErrorCode.UNSUPPORTED if exc.unsupported else ErrorCode.INVALID_ARG, str(exc))
+                except ExecutorError as exc:
+                    refusal = (ErrorCode.UNAVAILABLE, f"executor unavailable: {exc}")
+                except Exception as exc:  # an engine bug must not escape execute() and kill the batch
+                    log.exception("enqueue failed")
+                    refusal = (ErrorCode.INTERNAL, f"enqueue failed: {exc}")
+            if refusal is None:
+                ctx.enqueued_ns = time.monotonic_ns()
+                self._open[ctx.executor_id] = ctx
+                if ctx.triton_request_id:
+                    self._by_triton_id[ctx.triton_request_id] = ctx
+                self._lock.notify_all()
+                return
+        self._send_error_now(ctx, *refusal)
+
+    def _refusal(self) -> tuple[ErrorCode, str] | None:
+        if self.failure is not None:
+            return ErrorCode.UNAVAILABLE, f"model not ready: {self.failure}"
+        if not self._accepting:
+            return ErrorCode.UNAVAILABLE, "model is shutting down"
+        if self.max_open_requests is not None and len(self._open) >= self.max_open_requests:
+            return ErrorCode.UNAVAILABLE, f"queue full: {len(self._open)} requests in flight (max_queue_size reached)"
+        return None
+
+    def _stop_by_triton_id(self, ctx: RequestContext) -> None:
+        with self._lock:
+            target = self._by_triton_id.get(ctx.triton_request_id) if ctx.triton_request_id else None
+        if target is None:
+            self._send_error_now(ctx, ErrorCode.INVALID_ARG, f"stop: no request in flight with id {ctx.triton_request_id!r}")
+            return
+        self._cancel(target)
+        try:
+            ctx.stream.send(None, final=True)
+        except Exception:
+            log.warning("could not answer a stop request", exc_info=True)
+
+    @property
+    def open_requests(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    # -- shutdown ----------------------------------------------------------------------------------------------
+    def shutdown(self, reason: str = "model is shutting down", timeout_s: float = 10.0) -> None:
+        """End every open stream with UNAVAILABLE, stop the executor and join every thread."""
+        with self._lock:
+            self._accepting = False
+        self._fail_all(ErrorCode.UNAVAILABLE, reason)
+        self._running = False
+        with self._lock:
+            self._lock.notify_all()
+        try:
+            self.executor.shutdown()
+        except Exception:
+            log.exception("executor shutdown failed")
+        for shard in self._shards:
+            shard.put(_STOP)
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _fail_all(self, code: ErrorCode, message: str) -> None:
+        with self._lock:
+            contexts = list(self._open.values())
+            self._open.clear()
+            self._by_triton_id.clear()
+        for ctx in contexts:
+            self._shard(ctx).put((ctx, _Fail(code, message)))
+
+    # -- poll thread -------------------------------------------------------------------------------------------
+    def _poll_loop(self) -> None:
+        while self._running:
+            try:
+                steps = self.executor.await_steps(self.await_timeout_s)
+            except Exception as exc:
+                self._executor_failed(f"{type(exc).__name__}: {exc}")
+                return
+            if steps:
+                self._route(steps)
+            elif (dead := self.executor.health_error()) is not None:
+                self._executor_failed(dead)
+                return
+
+    def _route(self, steps: list[Step]) -> None:
+        with self._lock:
+            routed = []
+            for step in steps:
+                ctx = self._open.get(step.request_id)
+                if ctx is None:
+                    continue  # already ended (failed send, shutdown): the executor's late steps are dropped
+                if step.is_final:
+                    del self._open[step.request_id]
+                    self._by_triton_id.pop(ctx.triton_request_id, None)
+                routed.append((ctx, step))
+        for ctx, step in routed:
+            self._shard(ctx).put((ctx, step))
+
+    def _executor_failed(self, reason: str) -> None:
+        log.error("executor failed: %s", reason)
+        self.failure = reason
+        self._fail_all(ErrorCode.UNAVAILABLE, f"executor failed: {reason}")
+        if self.on_failure is not None:
+            try:
+                self.on_failure(reason)
+            except Exception:
+                log.exception("on_failure hook failed")
+
+    # -- sender threads ----------------------------------------------------------------------------------------
+    def _shard(self, ctx: RequestContext) -> queue.SimpleQueue:
+        return self._shards[ctx.executor_id % len(self._shards)]
+
+    def _send_loop(self, shard: queue.SimpleQueue) -> None:
+        while True:
+            items = [shard.get()]
+            while True:  # drain: everything already queued leaves in this round
+                try:
+                    items.append(shard.get_nowait())
+                except queue.Empty:
+                    break
+            pending: dict[RequestContext, list] = {}
+            stop = False
+            for item in items:
+                if item is _STOP:
+                    stop = True
+                else:
+                    pending.setdefault(item[0], []).append(item[1])
+            for ctx, work in pending.items():
+                self._deliver(ctx, work)
+            if stop:
+                return
+
+    def _deliver(self, ctx: RequestContext, work: list) -> None:
+        if ctx.done:
+            return
+        try:
+            failure = next((w for w in work if isinstance(w, _Fail)), None)
+            steps = [w for w in work if isinstance(w, Step)]
+            if steps:
+                self._send_steps(ctx, steps, final_allowed=failure is None)
+            if failure is not None and not ctx.done:
+                self._finish(ctx, "error")
+                ctx.stream.send_error(failure.code, failure.message)
+        except Exception as exc:
+            # The client is gone or the stream is closed: end only this request.
+            log.warning("send failed for request %s: %s", ctx.executor_id, exc)
+            ctx.done = True
+            self._cancel(ctx)
+            self._forget(ctx)
+
+    def _send_steps(self, ctx: RequestContext, steps: list[Step], final_allowed: bool) -> None:
+        last = steps[-1]
+        new_tokens = [t for s in steps for t in s.token_ids]
+        new_log_probs = [p for s in steps for p in (s.log_probs or [])]
+        now = time.monotonic_ns()
+        if new_tokens:
+            ctx.first_token_ns = ctx.first_token_ns or now
+            ctx.last_token_ns = now
+        ctx.num_output_tokens += len(new_tokens)
+        ctx.log_probs.extend(new_log_probs)
+        if last.cum_log_prob is not None:
+            ctx.cum_log_prob = last.cum_log_prob
+        final = last.is_final and final_allowed
+        error = next((s.error for s in steps if s.error), None)
+        streaming = ctx.parsed.generation.streaming
+        if not streaming:
+            ctx.output_ids.extend(new_tokens)
+
+        if error is not None:
+            self._finish(ctx, "error")
+            ctx.stream.send_error(ErrorCode.INTERNAL, f"executor error: {error}")
+            return
+        if final:
+            self._finish(ctx, last.finish_reason.value)
+        if streaming:
+            outputs = None
+            text = self._text_delta(ctx, new_tokens, final)
+            if new_tokens or last.beams is not None or text:
+                outputs = self._outputs(ctx, new_tokens, text, new_log_probs, last)
+            if last.finish_reason is FinishReason.CANCELLED and final:
+                if outputs is not None:
+                    ctx.stream.send(outputs, final=False)
+                ctx.stream.send_error(ErrorCode.CANCELLED, "request cancelled")
+            elif outputs is not None or final:
+                ctx.stream.send(outputs, final=final)
+        elif final:
+            if last.finish_reason is FinishReason.CANCELLED:
+                ctx.stream.send_error(ErrorCode.CANCELLED, "request cancelled")
+                return
+            tokens = ctx.output_ids
+            if not ctx.parsed.generation.exclude_input_in_output:
+                tokens = ctx.parsed.prompt_ids + tokens
+            text = None
+            if ctx.parsed.text_mode:
+                text = self._text_delta(ctx, tokens, True)
+            ctx.stream.send(self._outputs(ctx, tokens, text, ctx.log_probs, last), final=True)
+
+    def _outputs(self, ctx: RequestContext, tokens: list[int], text: str | None, log_probs: list[float], last: Step):
+        return response_outputs(
+            ctx.parsed,
+            tokens,
+            text,
+            log_probs,
+            ctx.cum_log_prob,
+            ctx.finish_reason,
+            ctx.num_output_tokens,
+            sequence_index=last.sequence_index,
+            beams=last.beams,
+        )
+
+    @staticmethod
+    def _text_delta(ctx: RequestContext, tokens: list[int], final: bool) -> str | None:
+        if ctx.detokenizer is None:
+            return None
+        text = ctx.detokenizer.push(tokens) if tokens else ""
+        return text + ctx.detokenizer.flush() if final else text
+
+    def _finish(self, ctx: RequestContext, reason: str) -> None:
+        ctx.done = True
+        ctx.finish_reason = reason
+        if self.on_finished is not None:
+            try:
+                self.on_finished(ctx)
+            except Exception:
+                log.exception("on_finished hook failed")
+
+    def _send_error_now(self, ctx: RequestContext, code: ErrorCode, message: str) -> None:
+        ctx.done = True
+        try:
+            ctx.stream.send_error(code, message)
+        except Exception:
+            log.warning("could not send a refusal", exc_info=True)
+
+    def _forget(self, ctx: RequestContext) -> None:
+        with self._lock:
+            if self._open.get(ctx.executor_id) is ctx:
+                del self._open[ctx.executor_id]
+            if self._by_triton_id.get(ctx.triton_request_id) is ctx:
+                del self._by_triton_id[ctx.triton_request_id]
+
+    def _cancel(self, ctx: RequestContext) -> None:
+        if ctx.cancel_requested:
+            return
+        ctx.cancel_requested = True
+        try:
+            self.executor.cancel(ctx.executor_id)
+        except Exception:
+            log.exception("executor cancel failed for %s", ctx.executor_id)
+
+    # -- cancel watcher ----------------------------------------------------------------------------------------
+    def _cancel_loop(self) -> None:
+        while self._running:
+            with self._lock:
+                if not self._open:
+                    self._lock.wait()  # nothing in flight: sleep until a submit (or shutdown) wakes us
+                    continue
+                contexts = [c for c in self._open.values() if not c.cancel_requested]
+            for ctx in contexts:
+                try:
+                    if ctx.stream.is_cancelled():
+                        self._cancel(ctx)
+                except Exception:
+                    log.debug("is_cancelled failed", exc_info=True)
+            time.sleep(self.cancel_check_s)

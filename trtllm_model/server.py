@@ -1,0 +1,142 @@
+"""Run a real tritonserver from the `nvidia-pytriton` wheel: backend directory, environment, command line."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
+# `serve --executor NAME` passes the override to the model (trtllm_model.model) through this variable.
+EXECUTOR_OVERRIDE_ENV = "TRTLLM_TRITON_EXECUTOR"
+
+
+def pytriton_dir() -> Path:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("nvidia-pytriton is not installed: pip install nvidia-pytriton (it ships tritonserver)")
+    return Path(spec.origin).parent / "tritonserver"
+
+
+def pytriton_libs_dir() -> Path:
+    return pytriton_dir().parent.parent / "nvidia_pytriton.libs"
+
+
+def backend_directory() -> Path:
+    """A backend directory with the Python backend and the stub built for the running Python (made once)."""
+    target = Path(sys.prefix) / "share" / "trtllm-triton" / "backends"
+    python_dir = target / "python"
+    stub_name = "triton_python_backend_stub"
+    if not (python_dir / stub_name).exists():
+        source = pytriton_dir()
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        stub = source / "python_backend_stubs" / version / stub_name
+        if not stub.exists():
+            raise RuntimeError(f"nvidia-pytriton has no Python backend stub for Python {version}")
+        staging = target.with_name("backends.tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(source / "backends" / "python", staging / "python", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy2(stub, staging / "python" / stub_name)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    return target
+
+
+def server_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for tritonserver: its bundled libraries, and this virtualenv's Python first on PATH
+    (the stub embeds the first Python it finds, and the model must see this environment's packages)."""
+    env = dict(os.environ)
+    libs = [str(pytriton_libs_dir())]
+    if env.get("LD_LIBRARY_PATH"):
+        libs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(libs)
+    env["PATH"] = f"{sysconfig.get_path('scripts')}:{env.get('PATH', '')}"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class ServerOptions:
+    model_repository: Path = DEFAULT_REPOSITORY
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    executor: str | None = None
+    log_verbose: int = 0
+    extra_args: list[str] = field(default_factory=list)
+
+
+def server_command(options: ServerOptions) -> list[str]:
+    # Explicit model control with every model loaded at start: a model can then unload itself when its
+    # executor dies, which is how a 2.51 server learns that the model is no longer ready.
+    return [
+        str(pytriton_dir() / "bin" / "tritonserver"),
+        f"--model-repository={options.model_repository}",
+        f"--backend-directory={backend_directory()}",
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        f"--http-address={options.host}",
+        f"--http-port={options.http_port}",
+        f"--grpc-address={options.host}",
+        f"--grpc-port={options.grpc_port}",
+        f"--metrics-address={options.host}",
+        f"--metrics-port={options.metrics_port}",
+        "--allow-metrics=true",
+        "--allow-cpu-metrics=true",
+        f"--log-verbose={options.log_verbose}",
+        *options.extra_args,
+    ]
+
+
+def ports_in_use(host: str, ports: list[int]) -> list[int]:
+    busy = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def is_ready(host: str, http_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{host}:{http_port}/v2/health/ready", timeout=1) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_until_ready(process, host: str, http_port: int, timeout_s: float) -> bool:
+    """True once the server answers ready; False if it exited or the time ran out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        if is_ready(host, http_port):
+            return True
+        time.sleep(0.2)
+    return False
