@@ -8,6 +8,7 @@ alive and wait in `shutdown()`. With TRTLLM_ORCHESTRATOR=1 a single tritonserver
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -77,6 +78,15 @@ def engine_dir_from(params: Params) -> Path:
         raise ConfigError(f"parameter gpt_model_path={value}: no readable rank*.engine file; run trtllm-build "
                           "and check the mount and file permissions")
     return path
+
+
+def engine_vocab_size(engine_dir: Path) -> int | None:
+    """vocab_size from the engine's config.json (trtllm-build writes it under pretrained_config)."""
+    try:
+        config = json.loads((engine_dir / "config.json").read_text())
+        return int(config["pretrained_config"]["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def orchestrator_worker_path(params: Params) -> str | None:
@@ -218,6 +228,7 @@ def create(params: Params) -> TrtllmEngineExecutor:
             "MPI world size matches the engine's tensor/pipeline parallelism (mpirun -n <tp*pp>)"
         ) from exc
     executor = TrtllmEngineExecutor(tle, engine, tokenizer)
+    executor.vocab_size = engine_vocab_size(engine_dir)
     if not executor.is_leader:
         log.info("this rank is a TensorRT-LLM worker in leader mode: it serves no requests")
     return executor

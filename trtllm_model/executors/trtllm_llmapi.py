@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -182,4 +183,13 @@ def create(params: Params) -> LlmApiExecutor:
             "that the checkpoint is complete and of an architecture TensorRT-LLM supports, and that "
             "tensor_parallel_size does not exceed the GPUs available"
         ) from exc
-    return LlmApiExecutor(llm, tensorrt_llm.SamplingParams)
+    executor = LlmApiExecutor(llm, tensorrt_llm.SamplingParams)
+    executor.vocab_size = checkpoint_vocab_size(checkpoint)
+    return executor
+
+
+def checkpoint_vocab_size(checkpoint: Path) -> int | None:
+    try:
+        return int(json.loads((checkpoint / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
