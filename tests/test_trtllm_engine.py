@@ -8,7 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from trtllm_support import collect_until_final, fake_tokens, make_engine_dir, use_fake_tensorrt_llm
+from trtllm_support import collect_until_final, fake_tokens, forget_tensorrt_llm, make_engine_dir, use_fake_tensorrt_llm
 
 from trtllm_model.executors import create_executor
 from trtllm_model.executors.base import ExecutorError, FinishReason, GenerationRequest, RequestRejected
@@ -20,6 +20,12 @@ from trtllm_model.executors.trtllm_mapping import (
 )
 from trtllm_model.params import ConfigError, Params
 
+
+@pytest.fixture(autouse=True)
+def _forget_the_fake_afterwards():
+    """Later tests (any module) must not find the fake tensorrt_llm in sys.modules."""
+    yield
+    forget_tensorrt_llm()
 
 @pytest.fixture
 def tle(monkeypatch):
@@ -118,8 +124,6 @@ def test_unreadable_engine_is_a_config_error(tle, tmp_path, monkeypatch):
 
 
 def test_missing_package_says_which_container_or_executor_to_use(tmp_path, monkeypatch):
-    from trtllm_support import forget_tensorrt_llm
-
     forget_tensorrt_llm()  # the fakes are not on the path here: tensorrt_llm is simply not installed
     with pytest.raises(ConfigError, match="not installed.*trtllm-python-py3.*executor=transformers"):
         create_executor({"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(tmp_path / "e"))})

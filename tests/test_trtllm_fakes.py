@@ -8,8 +8,14 @@ import time
 from datetime import timedelta
 
 import pytest
-from trtllm_support import fake_tokens, make_checkpoint_dir, make_engine_dir, use_fake_tensorrt_llm
+from trtllm_support import fake_tokens, forget_tensorrt_llm, make_checkpoint_dir, make_engine_dir, use_fake_tensorrt_llm
 
+
+@pytest.fixture(autouse=True)
+def _forget_the_fake_afterwards():
+    """Later tests (any module) must not find the fake tensorrt_llm in sys.modules."""
+    yield
+    forget_tensorrt_llm()
 
 @pytest.fixture
 def tle(monkeypatch):

@@ -1,0 +1,244 @@
+"""trtllm_llmapi: parameters -> LLM(...), GenerationRequest -> SamplingParams, RequestOutput -> Steps, the executor."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from types import SimpleNamespace
+
+import pytest
+from trtllm_support import (
+    collect_until_final,
+    fake_tokens,
+    forget_tensorrt_llm,
+    make_checkpoint_dir,
+    use_fake_tensorrt_llm,
+)
+
+from trtllm_model.executors import create_executor
+from trtllm_model.executors.base import ExecutorError, FinishReason, GenerationRequest, RequestRejected
+from trtllm_model.executors.trtllm_llmapi_mapping import (
+    OutputState,
+    finish_reason,
+    kv_cache_kwargs,
+    llm_kwargs,
+    sampling_kwargs,
+    steps_from_output,
+)
+from trtllm_model.params import ConfigError, Params
+
+
+class ByteTokenizer:
+    eos_token_id = pad_token_id = 256
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return bytes(token_ids).decode()
+
+
+
+@pytest.fixture(autouse=True)
+def _forget_the_fake_afterwards():
+    """Later tests (any module) must not find the fake tensorrt_llm in sys.modules."""
+    yield
+    forget_tensorrt_llm()
+
+@pytest.fixture
+def trtllm(monkeypatch):
+    use_fake_tensorrt_llm(monkeypatch)
+    return importlib.import_module("tensorrt_llm")
+
+
+@pytest.fixture
+def executor(trtllm, tmp_path):
+    created, _ = create_executor({"executor": "trtllm_llmapi", "max_beam_width": "2",
+                                  "hf_model_path": str(make_checkpoint_dir(tmp_path / "model", vocab_size=5000))})
+    yield created
+    created.shutdown()
+
+
+# -- configuration ----------------------------------------------------------------------------------------------
+def test_parameters_map_onto_llm_keywords():
+    params = Params({"hf_model_path": "/m", "tensor_parallel_size": "2", "pipeline_parallel_size": "1",
+                     "max_batch_size": "32", "max_beam_width": "4", "enable_chunked_context": "true",
+                     "kv_cache_free_gpu_mem_fraction": "0.8", "enable_kv_cache_reuse": "false",
+                     "max_tokens_in_paged_kv_cache": "8192", "kv_cache_host_memory_bytes": "0"},
+                    accepted={"hf_model_path", "tensor_parallel_size", "pipeline_parallel_size"})
+    assert llm_kwargs(params) == {"model": "/m", "backend": "pytorch", "tensor_parallel_size": 2,
+                                  "pipeline_parallel_size": 1, "max_batch_size": 32, "max_beam_width": 4,
+                                  "enable_chunked_prefill": True}
+    assert kv_cache_kwargs(params) == {"free_gpu_memory_fraction": 0.8, "max_tokens": 8192,
+                                       "enable_block_reuse": False, "host_cache_size": 0}
+
+
+def test_checkpoint_errors_name_the_cause_and_the_fix(trtllm, tmp_path):
+    with pytest.raises(ConfigError, match="hf_model_path: required"):
+        create_executor({"executor": "trtllm_llmapi"})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no config.json.*huggingface-cli download"):
+        create_executor({"executor": "trtllm_llmapi", "hf_model_path": str(tmp_path / "empty")})
+
+
+def test_no_gpu_and_missing_package_errors(monkeypatch, tmp_path):
+    checkpoint = str(make_checkpoint_dir(tmp_path / "m"))
+    with pytest.raises(ConfigError, match="not installed"):
+        create_executor({"executor": "trtllm_llmapi", "hf_model_path": checkpoint})
+    use_fake_tensorrt_llm(monkeypatch)
+    monkeypatch.setenv("FAKE_TRTLLM_GPU", "0")
+    with pytest.raises(ExecutorError, match="no NVIDIA GPU driver"):
+        create_executor({"executor": "trtllm_llmapi", "hf_model_path": checkpoint})
+
+
+def test_kv_cache_parameters_reach_the_llm(trtllm, tmp_path):
+    created, _ = create_executor({"executor": "trtllm_llmapi", "hf_model_path": str(make_checkpoint_dir(tmp_path)),
+                                  "kv_cache_free_gpu_mem_fraction": "0.6"})
+    try:
+        assert created._llm.args["kv_cache_config"].free_gpu_memory_fraction == 0.6
+    finally:
+        created.shutdown()
+
+
+# -- request mapping --------------------------------------------------------------------------------------------
+def test_generation_request_maps_onto_sampling_params_keywords(trtllm):
+    request = GenerationRequest([1], 9, end_id=2, pad_id=0, temperature=0.5, top_k=3, top_p=0.8, seed=7,
+                                min_tokens=1, repetition_penalty=1.2, presence_penalty=0.1, frequency_penalty=0.2,
+                                length_penalty=1.1, return_log_probs=True, num_return_sequences=2,
+                                stop_words=[[5], [104, 105]], bad_words=[[9]])
+    kwargs = sampling_kwargs(request, ByteTokenizer())
+    assert kwargs == {"max_tokens": 9, "end_id": 2, "pad_id": 0, "temperature": 0.5, "top_k": 3, "top_p": 0.8,
+                      "seed": 7, "min_tokens": 1, "repetition_penalty": 1.2, "presence_penalty": 0.1,
+                      "frequency_penalty": 0.2, "length_penalty": 1.1, "stop_token_ids": [5], "stop": ["hi"],
+                      "bad_token_ids": [9], "logprobs": 1, "include_stop_str_in_output": True, "n": 2}
+    trtllm.SamplingParams(**kwargs)  # the (strict) API takes every keyword
+
+
+def test_beam_search_and_unsupported_fields():
+    assert sampling_kwargs(GenerationRequest([1], 4, beam_width=3, num_return_sequences=2), None) == {
+        "max_tokens": 4, "use_beam_search": True, "best_of": 3, "n": 2}
+    with pytest.raises(RequestRejected, match="embedding_bias") as rejected:
+        sampling_kwargs(GenerationRequest([1], 4, embedding_bias=[0.0]), None)
+    assert rejected.value.unsupported
+    with pytest.raises(RequestRejected, match="tokenizer"):
+        sampling_kwargs(GenerationRequest([1], 4, stop_words=[[1, 2]]), None)
+
+
+@pytest.mark.parametrize(("reason", "stop_reason", "timed_out", "expected"), [
+    (None, None, False, FinishReason.NOT_FINISHED), ("stop", None, False, FinishReason.END_ID),
+    ("stop", 13, False, FinishReason.STOP_WORDS), ("stop", "</s>", False, FinishReason.STOP_WORDS),
+    ("length", None, False, FinishReason.LENGTH), ("timeout", None, False, FinishReason.TIMED_OUT),
+    ("cancelled", None, False, FinishReason.CANCELLED), ("cancelled", None, True, FinishReason.TIMED_OUT),
+])
+def test_finish_reasons_map(reason, stop_reason, timed_out, expected):
+    assert finish_reason(reason, stop_reason, timed_out) is expected
+
+
+# -- output mapping ---------------------------------------------------------------------------------------------
+def _completion(index=0, diff=(), token_ids=(), reason=None, stop_reason=None, logprobs_diff=(), cum=None):
+    return SimpleNamespace(index=index, token_ids_diff=list(diff), token_ids=list(token_ids), finish_reason=reason,
+                           stop_reason=stop_reason, logprobs_diff=list(logprobs_diff), cumulative_logprob=cum)
+
+
+def test_diffs_become_steps_and_the_last_is_final():
+    state = OutputState(beam_search=False, want_log_probs=True)
+    logprob = SimpleNamespace(logprob=-0.5, rank=1)
+    first = SimpleNamespace(finished=False, outputs=[_completion(diff=[7], logprobs_diff=[{7: logprob}], cum=-0.5)])
+    assert [(s.token_ids, s.log_probs, s.is_final) for s in steps_from_output(1, first, state)] == [([7], [-0.5], False)]
+    last = SimpleNamespace(finished=True, outputs=[_completion(diff=[8], reason="length", logprobs_diff=[-0.25])])
+    (step,) = steps_from_output(1, last, state)
+    assert (step.token_ids, step.log_probs, step.is_final, step.finish_reason) == ([8], [-0.25], True,
+                                                                                   FinishReason.LENGTH)
+
+
+def test_finished_sequences_are_not_repeated_and_the_request_end_is_one_final():
+    state = OutputState(beam_search=False, want_log_probs=False)
+    update = SimpleNamespace(finished=False, outputs=[_completion(0, [5], reason="stop"), _completion(1, [6])])
+    steps = steps_from_output(3, update, state)
+    assert [(s.sequence_index, s.finish_reason, s.is_final) for s in steps] == [
+        (0, FinishReason.END_ID, False), (1, FinishReason.NOT_FINISHED, False)]
+    update = SimpleNamespace(finished=True, outputs=[_completion(0, [], reason="stop"),
+                                                     _completion(1, [], reason="cancelled")])
+    steps = steps_from_output(3, update, state)
+    assert [(s.sequence_index, s.token_ids, s.finish_reason, s.is_final) for s in steps] == [
+        (1, [], FinishReason.CANCELLED, True)]
+
+
+def test_beam_search_outputs_become_step_beams():
+    state = OutputState(beam_search=True, want_log_probs=False)
+    update = SimpleNamespace(finished=True, outputs=[_completion(0, token_ids=[1, 2], reason="length"),
+                                                     _completion(1, token_ids=[1, 3], reason="length")])
+    (step,) = steps_from_output(2, update, state)
+    assert step.beams == [[1, 2], [1, 3]] and step.is_final and step.finish_reason is FinishReason.LENGTH
+
+
+# -- the executor over the fake LLM API -------------------------------------------------------------------------
+def test_streams_exact_tokens_with_one_final(executor):
+    request_id = executor.enqueue(GenerationRequest([1000, 1200], 6))
+    steps = collect_until_final(executor, {request_id})
+    assert [t for s in steps for t in s.token_ids] == fake_tokens([1200], 6, 5000)
+    assert [s.is_final for s in steps].count(True) == 1 and steps[-1].finish_reason is FinishReason.LENGTH
+
+
+def test_cancel_aborts_with_a_cancelled_final(executor):
+    request_id = executor.enqueue(GenerationRequest([1000], 3000))
+    time.sleep(0.02)
+    executor.cancel(request_id)
+    steps = collect_until_final(executor, {request_id})
+    assert steps[-1].finish_reason is FinishReason.CANCELLED and steps[-1].is_final
+    assert len([t for s in steps for t in s.token_ids]) < 3000
+
+
+def test_allotted_time_ends_with_timed_out(executor):
+    steps = collect_until_final(executor, {executor.enqueue(GenerationRequest([1000], 3000, allotted_time_ms=30))})
+    assert steps[-1].finish_reason is FinishReason.TIMED_OUT
+
+
+def test_stop_words_of_several_tokens_use_the_llm_tokenizer(executor):
+    # The fake tokenizer is byte-level below 256: [80, 81] is the stop string "PQ".
+    request_id = executor.enqueue(GenerationRequest([77], 50, stop_words=[[80, 81]]))
+    steps = collect_until_final(executor, {request_id})
+    assert [t for s in steps for t in s.token_ids] == [78, 79, 80, 81]
+    assert steps[-1].finish_reason is FinishReason.STOP_WORDS
+
+
+def test_end_of_sequence_beams_and_sequences(executor):
+    eos = executor.enqueue(GenerationRequest([253], 50))  # the fake tokenizer's EOS is 256
+    beams = executor.enqueue(GenerationRequest([1000], 2, beam_width=2))
+    pair = executor.enqueue(GenerationRequest([1000], 2, num_return_sequences=2))
+    steps = collect_until_final(executor, {eos, beams, pair})
+    eos_steps = [s for s in steps if s.request_id == eos]
+    assert [t for s in eos_steps for t in s.token_ids] == [254, 255]
+    assert eos_steps[-1].finish_reason is FinishReason.END_ID
+    assert [s for s in steps if s.request_id == beams][-1].beams == [[1001, 1002], [1003, 1004]]
+    pair_steps = [s for s in steps if s.request_id == pair]
+    assert sorted((s.sequence_index, t) for s in pair_steps for t in s.token_ids) == [(0, 1001), (0, 1002),
+                                                                                     (1, 1008), (1, 1009)]
+    assert [s.is_final for s in pair_steps] == [False] * (len(pair_steps) - 1) + [True]
+
+
+def test_request_failure_is_an_error_step_and_the_executor_lives_on(trtllm, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRTLLM_FAIL_TOKEN", "999")
+    created, _ = create_executor({"executor": "trtllm_llmapi", "hf_model_path": str(make_checkpoint_dir(tmp_path))})
+    try:
+        failing = created.enqueue(GenerationRequest([999], 10))
+        steps = collect_until_final(created, {failing})
+        assert steps[-1].finish_reason is FinishReason.ERROR and "fake engine failure" in steps[-1].error
+        fine = created.enqueue(GenerationRequest([1000], 2))
+        assert [t for s in collect_until_final(created, {fine}) for t in s.token_ids] == [1001, 1002]
+        assert created.health_error() is None
+    finally:
+        created.shutdown()
+
+
+def test_request_the_llm_refuses_is_rejected_at_enqueue(executor):
+    with pytest.raises(RequestRejected, match="max_seq_len"):
+        executor.enqueue(GenerationRequest([1], 100000))
+
+
+def test_tokenizer_comes_from_the_llm_and_shutdown_is_idempotent(executor):
+    assert executor.tokenizer().decode([72, 105]) == "Hi" and executor.vocab_size == 5000
+    executor.shutdown()
+    executor.shutdown()
+    with pytest.raises(ExecutorError, match="shut down"):
+        executor.enqueue(GenerationRequest([1], 2))
