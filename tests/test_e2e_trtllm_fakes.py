@@ -1,0 +1,131 @@
+"""End to end: a real tritonserver serving executor=trtllm_engine and executor=trtllm_llmapi over the fake
+tensorrt_llm, installed on the model's path: exact streamed tokens, one final, cancel with `stop`.
+
+The Python backend stub runs an isolated interpreter (PYTHONPATH is ignored), but it puts the model's version
+directory on sys.path: the fake package is copied there, where the model's own imports find it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import start_server, write_repository
+from triton_client import StreamClient, stream_once, text_inputs, token_inputs
+from trtllm_support import FAKES_DIR, fake_tokens, make_checkpoint_dir, make_engine_dir
+
+pytestmark = pytest.mark.e2e
+
+# The project repository's synthetic-only parameter; other executors reject it as unknown.
+SYNTHETIC_PARAMETER = 'parameters: {\n  key: "synthetic_step_ms"\n  value: { string_value: "10" }\n}\n'
+
+
+FAKE_ENVIRONMENT = {"FAKE_TRTLLM_STEP_MS": "2"}
+
+
+def repository_with_fake(workdir: Path, parameters: dict[str, str], models: tuple[str, ...]) -> Path:
+    repository = write_repository(workdir / "repository", parameters, models, {SYNTHETIC_PARAMETER: ""})
+    shutil.copytree(FAKES_DIR / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return repository
+
+
+@pytest.fixture(scope="module")
+def engine_server(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("trtllm_engine")
+    engine_dir = make_engine_dir(workdir / "engine")
+    parameters = {"executor": "trtllm_engine", "gpt_model_path": str(engine_dir), "max_beam_width": "2",
+                  "kv_cache_free_gpu_mem_fraction": "0.9", "gpt_model_type": "inflight_fused_batching"}
+    repository = repository_with_fake(workdir, parameters, ("tensorrt_llm",))
+    server = start_server(workdir, executor="trtllm_engine", env=FAKE_ENVIRONMENT, repository=repository)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def llmapi_server(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("trtllm_llmapi")
+    checkpoint = make_checkpoint_dir(workdir / "checkpoint")
+    parameters = {"executor": "trtllm_llmapi", "hf_model_path": str(checkpoint)}
+    repository = repository_with_fake(workdir, parameters, ("tensorrt_llm",))
+    server = start_server(workdir, executor="trtllm_llmapi", env=FAKE_ENVIRONMENT, repository=repository)
+    yield server
+    server.stop()
+
+
+def finish_reasons(result) -> list[str]:
+    return [r.as_numpy("finish_reason").reshape(-1)[0].decode() for r in result.responses
+            if r.as_numpy("finish_reason") is not None]
+
+
+def assert_cancel_with_stop_ends_the_stream(server) -> None:
+    """NVIDIA's `stop` input (same request id, stop=True) cancels a long request; its stream ends CANCELLED."""
+    streams, stopper = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
+    try:
+        long = streams.send("tensorrt_llm", token_inputs([1000], 3000), "long-request")
+        deadline = time.monotonic() + 30
+        while not long.responses and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert long.responses, "no token before the cancel"
+        stopper.send("tensorrt_llm", [*token_inputs([1000], 1), _stop()], "long-request").wait(30)
+        long.wait(30)
+    finally:
+        streams.close()
+        stopper.close()
+    tokens = long.tokens()
+    assert 0 < len(tokens) < 3000 and tokens == fake_tokens([1000], len(tokens))
+    assert long.finals == 1 and any("cancel" in error for error in long.errors)
+
+
+def _stop():
+    from triton_client import tensor
+
+    return tensor("stop", True, np.bool_)
+
+
+# -- executor=trtllm_engine -------------------------------------------------------------------------------------
+def test_engine_streams_exact_tokens_with_one_final(engine_server):
+    inputs = token_inputs([5, 6, 7], 12, return_finish_reason=(True, np.bool_))
+    result = stream_once(engine_server.grpc_url, "tensorrt_llm", inputs)
+    assert result.errors == []
+    assert result.tokens() == fake_tokens([7], 12)
+    assert result.finals == 1 and finish_reasons(result)[-1] == "length"
+
+
+def test_engine_end_id_and_engine_errors_reach_the_client(engine_server):
+    ended = stream_once(engine_server.grpc_url, "tensorrt_llm", token_inputs([40], 50, end_id=(44, np.int32)))
+    assert ended.tokens() == [41, 42, 43] and ended.errors == []
+    too_long = stream_once(engine_server.grpc_url, "tensorrt_llm", token_inputs(list(range(1, 300)), 4))
+    assert too_long.finals == 1 and any("maximum input length" in error for error in too_long.errors)
+
+
+def test_engine_beams_arrive_whole(engine_server):
+    result = stream_once(engine_server.grpc_url, "tensorrt_llm",
+                         token_inputs([10], 3, beam_width=(2, np.int32)))
+    last = result.responses[-1].as_numpy("output_ids")
+    assert last.reshape(2, -1).tolist() == [[11, 12, 13], [14, 15, 16]]
+
+
+def test_engine_cancel_with_stop(engine_server):
+    assert_cancel_with_stop_ends_the_stream(engine_server)
+
+
+# -- executor=trtllm_llmapi -------------------------------------------------------------------------------------
+def test_llmapi_streams_exact_tokens_with_one_final(llmapi_server):
+    result = stream_once(llmapi_server.grpc_url, "tensorrt_llm", token_inputs([1000, 2000], 9))
+    assert result.errors == []
+    assert result.tokens() == fake_tokens([2000], 9)
+    assert result.finals == 1
+
+
+def test_llmapi_text_with_the_llm_tokenizer(llmapi_server):
+    # The fake tokenizer is byte-level: "ab" ends in 98, so the model continues with bytes 99, 100, 101.
+    result = stream_once(llmapi_server.grpc_url, "tensorrt_llm", text_inputs("ab", 3))
+    assert result.errors == [] and result.text() == "cde"
+
+
+def test_llmapi_cancel_with_stop(llmapi_server):
+    assert_cancel_with_stop_ends_the_stream(llmapi_server)
