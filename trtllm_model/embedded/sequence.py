@@ -1,0 +1,124 @@
+"""One request's state inside the engine, from queued to finished."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..executors.base import FinishReason, GenerationRequest, Step
+from .sampling import SamplingParams, SamplingState
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class Sequence:
+    request_id: int
+    prompt_len: int
+    max_tokens: int
+    end_id: int | None
+    stop_words: list[list[int]]
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    deadline: float | None  # time.monotonic() past which it ends TIMED_OUT
+    token_ids: list[int]  # prompt, then output
+    arrival: float = field(default_factory=time.monotonic)
+    status: Status = Status.WAITING
+    finish_reason: FinishReason = FinishReason.NOT_FINISHED
+    output_counts: dict[int, int] = field(default_factory=dict)
+    cum_log_prob: float = 0.0
+
+    @classmethod
+    def from_request(
+        cls, request_id: int, request: GenerationRequest, vocab_size: int, default_end_id: int | None
+    ) -> Sequence:
+        sampling = SamplingParams.from_request(request, vocab_size)
+        generator = None
+        if not sampling.greedy:
+            generator = torch.Generator()
+            if request.seed is not None:
+                generator.manual_seed(request.seed)
+            else:
+                generator.seed()
+        end_id = request.end_id if request.end_id is not None else default_end_id
+        deadline = None
+        if request.allotted_time_ms is not None and request.allotted_time_ms > 0:
+            deadline = time.monotonic() + request.allotted_time_ms / 1000.0
+        return cls(
+            request_id=request_id,
+            prompt_len=len(request.input_ids),
+            max_tokens=request.max_tokens,
+            end_id=end_id if end_id is not None and end_id >= 0 else None,  # a negative end id means none
+            stop_words=[list(word) for word in request.stop_words if word],
+            sampling=sampling,
+            generator=generator,
+            deadline=deadline,
+            token_ids=list(request.input_ids),
+        )
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def sampling_state(self) -> SamplingState:
+        return SamplingState(
+            params=self.sampling,
+            generator=self.generator,
+            token_ids=self.token_ids,
+            output_counts=self.output_counts,
+            num_output=self.num_output,
+            end_id=self.end_id,
+        )
+
+    def finish(self, reason: FinishReason) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+
+    def ends_with_stop_word(self) -> bool:
+        output_len = self.num_output
+        for word in self.stop_words:
+            if len(word) <= output_len and self.token_ids[len(self.token_ids) - len(word) :] == word:
+                return True
+        return False
+
+    def accept(self, token: int, log_prob: float | None, max_positions: int) -> Step:
+        """Take the sampled token; returns the step for the client (final if the sequence ended here)."""
+        if token == self.end_id and self.num_output >= self.sampling.min_tokens:
+            # The end token itself is not part of the output (as in TensorRT-LLM).
+            self.finish(FinishReason.END_ID)
+            return self.step([], None)
+        self.token_ids.append(token)
+        self.output_counts[token] = self.output_counts.get(token, 0) + 1
+        if log_prob is not None:
+            self.cum_log_prob += log_prob
+        if self.num_output >= self.sampling.min_tokens and self.ends_with_stop_word():
+            self.finish(FinishReason.STOP_WORDS)
+        elif self.num_output >= self.max_tokens or len(self.token_ids) >= max_positions:
+            self.finish(FinishReason.LENGTH)
+        return self.step([token], log_prob)
+
+    def step(self, tokens: list[int], log_prob: float | None = None) -> Step:
+        want_log_probs = self.sampling.log_probs
+        return Step(
+            request_id=self.request_id,
+            token_ids=tokens,
+            is_final=self.is_finished,
+            finish_reason=self.finish_reason,
+            log_probs=([log_prob] if tokens else []) if want_log_probs else None,
+            cum_log_prob=self.cum_log_prob if want_log_probs else None,
+        )

