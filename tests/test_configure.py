@@ -1,0 +1,125 @@
+"""`trtllm-triton configure`: templates -> a model repository that tritonserver loads (with the fake engine)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import start_server
+from triton_client import stream_once, token_inputs
+from trtllm_support import FAKES_DIR, fake_tokens, make_checkpoint_dir, make_engine_dir
+
+from trtllm_model.configure import DEFAULT_TEMPLATES, main, render
+from trtllm_model.params import ConfigError, parameters_from_model_config
+from trtllm_model.server import DEFAULT_REPOSITORY
+
+ENGINE_TEMPLATE = (DEFAULT_TEMPLATES / "tensorrt_llm_engine" / "config.pbtxt").read_text()
+LLMAPI_TEMPLATE = (DEFAULT_TEMPLATES / "tensorrt_llm_llmapi" / "config.pbtxt").read_text()
+
+
+def io_section(config_text: str) -> str:
+    return config_text[config_text.index("input ["): config_text.index("parameters: {")].strip()
+
+
+def parameters_of(config_text: str) -> dict[str, str]:
+    pairs = re.findall(r'key: "([^"]+)"\s*value: \{ string_value: "([^"]*)" \}', config_text)
+    return parameters_from_model_config({"parameters": {k: {"string_value": v} for k, v in pairs}})
+
+
+@pytest.mark.parametrize("template", [ENGINE_TEMPLATE, LLMAPI_TEMPLATE])
+def test_templates_have_the_project_models_inputs_and_outputs(template):
+    assert io_section(template) == io_section((DEFAULT_REPOSITORY / "tensorrt_llm" / "config.pbtxt").read_text())
+    assert "decoupled: true" in template
+
+
+def test_render_fills_given_keys_defaults_and_leaves_the_rest_unset():
+    text = render(ENGINE_TEMPLATE, "trtllm_engine", {"gpt_model_path": "/engines/x", "max_beam_width": "2"})
+    assert "${" not in text.split("input [")[1]
+    params = parameters_of(text)
+    assert params["executor"] == "trtllm_engine" and params["gpt_model_path"] == "/engines/x"
+    assert params["max_beam_width"] == "2" and params["kv_cache_free_gpu_mem_fraction"] == ""
+    assert "max_batch_size: 64" in text and "max_queue_size: 0" in text
+
+
+def test_unknown_keys_and_missing_required_ones_are_errors():
+    with pytest.raises(ConfigError, match="unknown key.*gpt_model_pth"):
+        render(ENGINE_TEMPLATE, "trtllm_engine", {"gpt_model_pth": "/x"})
+    with pytest.raises(ConfigError, match="unknown key.*gpt_model_path"):
+        render(LLMAPI_TEMPLATE, "trtllm_llmapi", {"gpt_model_path": "/x", "hf_model_path": "/m"})
+    with pytest.raises(ConfigError, match="required.*--set gpt_model_path="):
+        render(ENGINE_TEMPLATE, "trtllm_engine", {})
+    with pytest.raises(ConfigError, match="required.*hf_model_path"):
+        render(LLMAPI_TEMPLATE, "trtllm_llmapi", {"hf_model_path": ""})
+
+
+@pytest.mark.parametrize(("key", "value"), [("enable_kv_cache_reuse", "ture"), ("max_beam_width", "1.5"),
+                                            ("kv_cache_free_gpu_mem_fraction", "90"), ("gpt_model_type", "dynamic"),
+                                            ("gpu_device_ids", "0;1"), ("triton_max_batch_size", "many")])
+def test_bad_values_fail_at_configure_time_naming_the_key(key, value):
+    with pytest.raises(ConfigError, match=key):
+        render(ENGINE_TEMPLATE, "trtllm_engine", {"gpt_model_path": "/e", key: value})
+
+
+def test_main_refuses_a_non_empty_output_and_reports_errors(tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("x")
+    assert main(["--executor", "trtllm_engine", "--output", str(tmp_path), "--set", "gpt_model_path=/e"]) == 2
+    assert "not empty" in capsys.readouterr().err and (tmp_path / "keep.txt").exists()
+    assert main(["--executor", "trtllm_engine", "--output", str(tmp_path / "r"), "--set", "oops"]) == 2
+    assert "expected key=value" in capsys.readouterr().err
+
+
+def test_module_help_and_the_cli_subcommand(tmp_path):
+    helped = subprocess.run([sys.executable, "-m", "trtllm_model.configure", "--help"], capture_output=True,
+                            text=True, timeout=60)
+    assert helped.returncode == 0 and "--executor" in helped.stdout
+    written = subprocess.run(
+        [sys.executable, "-m", "trtllm_model.cli", "configure", "--executor", "trtllm_llmapi", "--output",
+         str(tmp_path / "repo"), "--set", "hf_model_path=/models/m", "--set", "tensor_parallel_size=2"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert written.returncode == 0, written.stderr
+    params = parameters_of((tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text())
+    assert (params["executor"], params["hf_model_path"], params["tensor_parallel_size"]) == (
+        "trtllm_llmapi", "/models/m", "2")
+    assert (tmp_path / "repo" / "tensorrt_llm" / "1" / "model.py").is_file()
+
+
+def install_fake(repository: Path) -> None:
+    """The Python backend puts the model's version directory on sys.path: the fake goes there."""
+    shutil.copytree(FAKES_DIR / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+
+
+@pytest.mark.e2e
+def test_configured_engine_repository_loads_and_streams(tmp_path):
+    engine_dir = make_engine_dir(tmp_path / "engine")
+    repository = tmp_path / "repo"
+    assert main(["--executor", "trtllm_engine", "--output", str(repository), "--no-ensemble",
+                 "--set", f"gpt_model_path={engine_dir}", "--set", "max_beam_width=2",
+                 "--set", "kv_cache_free_gpu_mem_fraction=0.85", "--set", "max_queue_size=16"]) == 0
+    install_fake(repository)
+    server = start_server(tmp_path / "server", executor=None, repository=repository, env={"FAKE_TRTLLM_STEP_MS": "2"})
+    try:
+        result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([3, 4], 6))
+        assert result.errors == [] and result.tokens() == fake_tokens([4], 6) and result.finals == 1
+    finally:
+        server.stop()
+
+
+@pytest.mark.e2e
+def test_configured_llmapi_repository_with_ensemble_loads_and_streams(tmp_path):
+    checkpoint = make_checkpoint_dir(tmp_path / "checkpoint")
+    repository = tmp_path / "repo"
+    assert main(["--executor", "trtllm_llmapi", "--output", str(repository),
+                 "--set", f"hf_model_path={checkpoint}", "--set", "enable_kv_cache_reuse=true"]) == 0
+    install_fake(repository)
+    server = start_server(tmp_path / "server", executor=None, repository=repository, env={"FAKE_TRTLLM_STEP_MS": "2"})
+    try:
+        result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1000], 5))
+        assert result.errors == [] and result.tokens() == fake_tokens([1000], 5) and result.finals == 1
+    finally:
+        server.stop()

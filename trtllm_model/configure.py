@@ -1,0 +1,155 @@
+"""`trtllm-triton configure`: write a ready model repository from a template and `--set key=value` flags.
+
+Templates (templates/<name>/config.pbtxt) carry NVIDIA-style `${name}` placeholders. A key that is no placeholder
+of the chosen template is an error, so is a required one left unfilled; an optional one left unfilled becomes ""
+(unset: the executor's default). Values are checked the way the executor will read them, so a typo fails here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from .params import ConfigError, Params
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TEMPLATES = PACKAGE_ROOT / "templates"
+DEFAULT_ENSEMBLE = PACKAGE_ROOT / "model_repository" / "ensemble"
+PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+MODEL_NAME = "tensorrt_llm"
+MODEL_PY = (
+    "# Thin entry point: Triton loads this file; the model lives in the trtllm_model package.\n"
+    "from trtllm_model.model import TritonPythonModel  # noqa: F401\n"
+)
+
+TEMPLATES = {"trtllm_engine": "tensorrt_llm_engine", "trtllm_llmapi": "tensorrt_llm_llmapi"}
+REQUIRED = {"trtllm_engine": frozenset({"gpt_model_path"}), "trtllm_llmapi": frozenset({"hf_model_path"})}
+# Triton fields must hold a value (an empty one is not valid config.pbtxt); parameters may stay unset.
+DEFAULTS = {
+    "triton_max_batch_size": "64",
+    "max_queue_delay_microseconds": "0",
+    "max_queue_size": "0",
+    "exclude_input_in_output": "true",
+}
+INT_KEYS = (
+    "triton_max_batch_size", "max_queue_delay_microseconds", "max_queue_size", "max_beam_width",
+    "max_tokens_in_paged_kv_cache", "sink_token_length", "kv_cache_host_memory_bytes", "iter_stats_max_iterations",
+    "request_stats_max_iterations", "max_input_len", "max_output_len", "max_batch_size",
+    "cancellation_check_period_ms", "stats_check_period_ms", "tensor_parallel_size", "pipeline_parallel_size",
+)
+BOOL_KEYS = ("enable_kv_cache_reuse", "enable_chunked_context", "kv_cache_onboard_blocks", "normalize_log_probs",
+             "exclude_input_in_output")
+FRACTION_KEYS = ("kv_cache_free_gpu_mem_fraction", "gpu_weights_percent")
+INT_LIST_KEYS = ("max_attention_window_size", "gpu_device_ids", "participant_ids")
+CHOICES = {
+    "gpt_model_type": ("inflight_fused_batching", "inflight_batching", "v1", "V1"),
+    "batch_scheduler_policy": ("max_utilization", "guaranteed_no_evict", "static_batch"),
+    "llm_backend": ("pytorch", "_autodeploy"),
+}
+
+
+def parse_assignments(assignments: list[str]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def check_values(values: dict[str, str]) -> None:
+    """Read every value with the type the executor gives it; ConfigError names the first bad one."""
+    params = Params(values, accepted=values.keys())
+    for key in INT_KEYS:
+        params.int(key, minimum=0)
+    for key in BOOL_KEYS:
+        params.bool(key)
+    for key in FRACTION_KEYS:
+        params.float(key, minimum=0.0, maximum=1.0)
+    for key in INT_LIST_KEYS:
+        params.int_list(key)
+    for key, choices in CHOICES.items():
+        params.str(key, choices=choices)
+
+
+def render(template: str, executor: str, values: dict[str, str]) -> str:
+    """Fill the template's placeholders; unknown keys and unfilled required placeholders raise ConfigError."""
+    placeholders = set(PLACEHOLDER.findall(template))
+    unknown = sorted(set(values) - placeholders)
+    if unknown:
+        raise ConfigError(f"unknown key(s) for --executor {executor}: {', '.join(unknown)} "
+                          f"(this template has: {', '.join(sorted(placeholders))})")
+    filled = {**{k: v for k, v in DEFAULTS.items() if k in placeholders}, **values}
+    missing = sorted(key for key in REQUIRED[executor] if not filled.get(key))
+    if missing:
+        raise ConfigError(f"required for --executor {executor}: {', '.join(missing)}; "
+                          + " ".join(f"--set {key}=..." for key in missing))
+    check_values(filled)
+    for key, value in filled.items():
+        if '"' in value or "\n" in value or "\\" in value:
+            raise ConfigError(f"--set {key}: quotes, backslashes and newlines are not allowed in a value")
+    return PLACEHOLDER.sub(lambda match: filled.get(match.group(1), ""), template)
+
+
+def write_repository(output: Path, config_text: str, ensemble: Path | None, force: bool) -> None:
+    if output.exists() and any(output.iterdir()):
+        if not force:
+            raise ConfigError(f"--output {output}: not empty; choose an empty directory or pass --force")
+        shutil.rmtree(output)
+    model_dir = output / MODEL_NAME
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(config_text)
+    (model_dir / "1" / "model.py").write_text(MODEL_PY)
+    if ensemble is not None:
+        shutil.copytree(ensemble, output / "ensemble", ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trtllm-triton configure",
+        description="Write a model repository for a TensorRT-LLM executor from a config.pbtxt template.",
+        epilog="example: trtllm-triton configure --executor trtllm_engine --output /models "
+               "--set gpt_model_path=/engines/llama --set tokenizer_dir=/hf/llama --set max_beam_width=1",
+    )
+    parser.add_argument("--executor", required=True, choices=sorted(TEMPLATES))
+    parser.add_argument("--output", required=True, type=Path, help="directory for the model repository")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help="fill a ${KEY} placeholder (repeatable)")
+    parser.add_argument("--templates", type=Path, default=DEFAULT_TEMPLATES, help="template directory")
+    parser.add_argument("--no-ensemble", action="store_true", help="leave out the text-level `ensemble` model")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --output directory")
+    parser.add_argument("--list-keys", action="store_true", help="print the template's keys and exit")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    template_path = args.templates / TEMPLATES[args.executor] / "config.pbtxt"
+    try:
+        template = template_path.read_text()
+    except OSError as exc:
+        print(f"trtllm-triton configure: cannot read template {template_path}: {exc}", file=sys.stderr)
+        return 2
+    if args.list_keys:
+        for key in sorted(set(PLACEHOLDER.findall(template))):
+            flag = "required" if key in REQUIRED[args.executor] else f"default {DEFAULTS.get(key, '(unset)')}"
+            print(f"{key}\t{flag}")
+        return 0
+    ensemble = None if args.no_ensemble or not DEFAULT_ENSEMBLE.is_dir() else DEFAULT_ENSEMBLE
+    try:
+        config_text = render(template, args.executor, parse_assignments(args.assignments))
+        write_repository(args.output, config_text, ensemble, args.force)
+    except ConfigError as exc:
+        print(f"trtllm-triton configure: {exc}", file=sys.stderr)
+        return 2
+    print(f"trtllm-triton configure: wrote {args.output} (executor={args.executor}); "
+          f"serve it with: trtllm-triton serve --model-repository {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
