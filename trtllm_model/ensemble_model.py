@@ -3,15 +3,18 @@
 Clients written for NVIDIA's repository call `ensemble`; forwarding (instead of a second executor) keeps a single
 copy of the weights in memory. Tokenization and detokenization happen inside `tensorrt_llm`, so this is one
 pass-through hop per response. A client's cancellation becomes a `stop` request for the forwarded request id.
+
+BLS responses arrive through a blocking iterator in this Triton release, so each forwarded request gets a thread
+(it sleeps in the IPC wait with the GIL released); one watcher thread checks cancellations for all of them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import logging
 import os
+import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -29,81 +32,94 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self._ids = itertools.count(1)
         self._prefix = f"ensemble-{os.getpid()}-"
+        self._lock = threading.Condition()
         self._open: dict[str, object] = {}  # forwarded id -> client request, for the cancel watcher
-        self._tasks: set[asyncio.Task] = set()
-        self._watcher: asyncio.Task | None = None
+        self._running = True
+        self._watcher = threading.Thread(target=self._watch_cancellations, name="ensemble-cancel", daemon=True)
+        self._watcher.start()
 
-    async def execute(self, requests: list) -> None:
-        if self._watcher is None:
-            self._watcher = asyncio.ensure_future(self._watch_cancellations())
+    def execute(self, requests: list) -> None:
         for request in requests:
-            task = asyncio.ensure_future(self._forward(request))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            forwarded_id = f"{self._prefix}{next(self._ids)}"
+            with self._lock:
+                self._open[forwarded_id] = request
+                self._lock.notify_all()
+            threading.Thread(target=self._forward, args=(request, forwarded_id), daemon=True).start()
         return None
 
-    async def _forward(self, request) -> None:
+    def _forward(self, request, forwarded_id: str) -> None:
         sender = request.get_response_sender()
-        forwarded_id = f"{self._prefix}{next(self._ids)}"
         final_sent = False
         try:
-            parameters = {k: v for k, v in json.loads(request.parameters() or "{}").items() if not k.startswith("triton_")}
+            parameters = json.loads(request.parameters() or "{}")
             inner = pb_utils.InferenceRequest(
                 model_name=TARGET_MODEL,
                 inputs=request.inputs(),
                 requested_output_names=list(request.requested_output_names()) or TEXT_OUTPUTS,
                 request_id=forwarded_id,
-                parameters=parameters,
+                parameters={k: v for k, v in parameters.items() if not k.startswith("triton_")},
             )
-            self._open[forwarded_id] = request
-            responses = await inner.async_exec(decoupled=True)
-            async for response in responses:
-                final = bool(response.flags() & _FINAL) if hasattr(response, "flags") else False
+            for response in inner.exec(decoupled=True):
                 if response.has_error():
                     sender.send(pb_utils.InferenceResponse(error=response.error()), flags=_FINAL)
                     final_sent = True
                     break
                 tensors = response.output_tensors()
                 if tensors:
-                    sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=_FINAL if final else 0)
-                    final_sent = final
-                elif final:
-                    sender.send(flags=_FINAL)
-                    final_sent = True
+                    sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
         except Exception as exc:
-            log.exception("forwarding to %s failed", TARGET_MODEL)
-            if not final_sent:
-                error = pb_utils.TritonError(f"ensemble: forwarding failed: {exc}", pb_utils.TritonError.INTERNAL)
-                sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
-                final_sent = True
+            sender.send(pb_utils.InferenceResponse(error=_forwarding_error(exc)), flags=_FINAL)
+            final_sent = True
         finally:
-            self._open.pop(forwarded_id, None)
+            with self._lock:
+                self._open.pop(forwarded_id, None)
             if not final_sent:
-                sender.send(flags=_FINAL)
+                sender.send(flags=_FINAL)  # the iterator ended: the forwarded request sent its final response
 
-    async def _watch_cancellations(self) -> None:
+    def _watch_cancellations(self) -> None:
         cancelled: set[str] = set()
-        while True:
-            await asyncio.sleep(CANCEL_CHECK_S)
-            for forwarded_id, request in list(self._open.items()):
-                if forwarded_id not in cancelled and request.is_cancelled():
+        while self._running:
+            with self._lock:
+                if not self._open:
+                    self._lock.wait()
+                    continue
+                pending = [(fid, req) for fid, req in self._open.items() if fid not in cancelled]
+                cancelled &= set(self._open)
+            for forwarded_id, request in pending:
+                if request.is_cancelled():
                     cancelled.add(forwarded_id)
-                    await self._send_stop(forwarded_id)
-            cancelled &= set(self._open)
+                    _send_stop(forwarded_id)
+            with self._lock:
+                self._lock.wait(CANCEL_CHECK_S)
 
-    async def _send_stop(self, forwarded_id: str) -> None:
-        stop = pb_utils.InferenceRequest(
-            model_name=TARGET_MODEL,
-            inputs=[pb_utils.Tensor("stop", np.array([[True]]))],
-            requested_output_names=[],
-            request_id=forwarded_id,
-        )
-        try:
-            async for _ in await stop.async_exec(decoupled=True):
-                pass
-        except Exception:
-            log.warning("could not forward a cancellation", exc_info=True)
+    def is_ready(self) -> bool:
+        """Readiness for servers that ask (26.03+): ready while the model it forwards to is."""
+        return pb_utils.is_model_ready(TARGET_MODEL)
 
     def finalize(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        with self._lock:
+            self._running = False
+            self._lock.notify_all()
+        self._watcher.join(timeout=2)
+
+
+def _send_stop(forwarded_id: str) -> None:
+    stop = pb_utils.InferenceRequest(
+        model_name=TARGET_MODEL,
+        inputs=[pb_utils.Tensor("stop", np.array([[True]]))],
+        requested_output_names=[],
+        request_id=forwarded_id,
+    )
+    try:
+        for _ in stop.exec(decoupled=True):
+            pass
+    except Exception:
+        log.warning("could not forward a cancellation", exc_info=True)
+
+
+def _forwarding_error(exc: Exception):
+    if not pb_utils.is_model_ready(TARGET_MODEL):
+        # The executor failed and tensorrt_llm unloaded itself: the same answer its own clients get.
+        return pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} is not ready", pb_utils.TritonError.UNAVAILABLE)
+    log.exception("forwarding to %s failed", TARGET_MODEL)
+    return pb_utils.TritonError(f"INTERNAL: ensemble forwarding failed: {exc}", pb_utils.TritonError.INTERNAL)

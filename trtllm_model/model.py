@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 
 import triton_python_backend_utils as pb_utils
 
 from .conversion import InvalidInput, Limits, parameters_dict, parse_request
 from .executors import create_executor
 from .executors.synthetic import SyntheticExecutor
+from .metrics import MetricsReporter
 from .params import Params, parameters_from_model_config
 from .poller import Poller
 from .request_context import ErrorCode, RequestContext
 from .server import EXECUTOR_OVERRIDE_ENV
-from .triton_io import TritonStream, request_parameters_json, request_tensors
+from .triton_io import TritonMetricBackend, TritonStream, request_parameters_json, request_tensors
 
 log = logging.getLogger("trtllm_model")
 
@@ -30,6 +32,7 @@ SYNTHETIC_FAULT_PARAMETERS = frozenset(f"synthetic_fault_{name}" for name in ("r
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         model_config = json.loads(args["model_config"])
+        self.model_name = args["model_name"]
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException("tensorrt_llm must use model_transaction_policy { decoupled: true }")
         self.executor, params = create_executor(
@@ -45,13 +48,23 @@ class TritonPythonModel:
             apply_chat_template=params.bool("apply_chat_template", False),
             accepted_parameters=SYNTHETIC_FAULT_PARAMETERS if isinstance(self.executor, SyntheticExecutor) else frozenset(),
         )
+        self.metrics = MetricsReporter(
+            TritonMetricBackend(),
+            self.executor.iteration_stats,
+            model=args["model_name"],
+            version=args["model_version"],
+            period_s=params.int("stats_check_period_ms", 100, minimum=1) / 1000.0,
+        )
         self.poller = Poller(
             self.executor,
             detokenizer_factory=self._detokenizer_factory(),
             sender_threads=params.int("sender_threads", 2, minimum=1),
             cancel_check_s=params.int("cancellation_check_period_ms", 100, minimum=1) / 1000.0,
             max_open_requests=_max_open_requests(model_config, params),
+            on_failure=self._report_not_ready,
+            on_finished=self.metrics.record_finished,
         )
+        self.metrics.start()
         self.poller.start()
 
     def execute(self, requests: list) -> None:
@@ -69,11 +82,33 @@ class TritonPythonModel:
                 log.exception("request conversion failed")
                 stream.send_error(ErrorCode.INVALID_ARG, f"malformed request: {exc}")
                 continue
-            self.poller.submit(RequestContext(parsed, stream, triton_request_id=request.request_id()))
+            try:
+                self.poller.submit(RequestContext(parsed, stream, triton_request_id=request.request_id()))
+            except Exception as exc:  # the poller answers its own refusals; this is a bug, kept to one request
+                log.exception("submit failed")
+                stream.send_error(ErrorCode.INTERNAL, f"submit failed: {exc}")
         return None
+
+    def is_ready(self) -> bool:
+        """Readiness for servers that ask the model (Triton 26.03+): not ready once the executor has failed."""
+        return self.poller.failure is None
+
+    def _report_not_ready(self, reason: str) -> None:
+        # Servers before 26.03 never call is_ready(); the one way to stop reporting READY there is to unload
+        # ourselves (needs --model-control-mode=explicit, which `trtllm-triton serve` uses). Open streams have
+        # already received their final error. Reload with POST /v2/repository/models/<name>/load.
+        threading.Thread(target=self._unload_self, args=(reason,), name="unload-self", daemon=True).start()
+
+    def _unload_self(self, reason: str) -> None:
+        log.error("executor failed (%s): unloading model %s so that it reports not ready", reason, self.model_name)
+        try:
+            pb_utils.unload_model(self.model_name)
+        except Exception:
+            log.exception("could not unload %s; it stays loaded but refuses requests with UNAVAILABLE", self.model_name)
 
     def finalize(self) -> None:
         self.poller.shutdown("model is shutting down")
+        self.metrics.stop()  # after the poller: the requests it ended on the way out are counted too
 
     def _detokenizer_factory(self):
         if self.tokenizer is None:

@@ -12,8 +12,10 @@ _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def triton_error(code: ErrorCode, message: str):
-    # pb_utils.TritonError only exists once the stub has started the model (not at import time).
-    return pb_utils.TritonError(message, getattr(pb_utils.TritonError, code.value))
+    # The code also leads the message: gRPC streams and HTTP generate in Triton 2.51 pass only the message to
+    # clients, and a client must be able to tell a retryable UNAVAILABLE from its own INVALID_ARG.
+    # (pb_utils.TritonError only exists once the stub has started the model, not at import time.)
+    return pb_utils.TritonError(f"{code.value}: {message}", getattr(pb_utils.TritonError, code.value))
 
 
 def request_tensors(request) -> dict[str, np.ndarray]:
@@ -47,3 +49,47 @@ class TritonStream:
 
     def is_cancelled(self) -> bool:
         return self._request.is_cancelled()
+
+
+class TritonMetricBackend:
+    """metrics.MetricBackend on pb_utils.MetricFamily: one family per name, kept alive as long as the backend.
+
+    Triton raises on any call to a metric whose MetricFamily was garbage-collected, so every metric returned here
+    holds its family too.
+    """
+
+    def __init__(self) -> None:
+        self._families: dict[str, object] = {}
+
+    def counter(self, name: str, description: str, labels: dict[str, str]):
+        return _TritonMetric(self._family(name, description, pb_utils.MetricFamily.COUNTER), labels)
+
+    def gauge(self, name: str, description: str, labels: dict[str, str]):
+        return _TritonMetric(self._family(name, description, pb_utils.MetricFamily.GAUGE), labels)
+
+    def histogram(self, name: str, description: str, labels: dict[str, str], buckets):
+        family = self._family(name, description, pb_utils.MetricFamily.HISTOGRAM)
+        return _TritonMetric(family, labels, [float(b) for b in buckets])
+
+    def _family(self, name: str, description: str, kind):
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+        return family
+
+
+class _TritonMetric:
+    __slots__ = ("_family", "_metric")
+
+    def __init__(self, family, labels: dict[str, str], buckets: list[float] | None = None) -> None:
+        self._family = family  # keeps the family alive as long as this metric
+        self._metric = family.Metric(labels=labels) if buckets is None else family.Metric(labels=labels, buckets=buckets)
+
+    def increment(self, value: float) -> None:
+        self._metric.increment(value)
+
+    def set(self, value: float) -> None:
+        self._metric.set(value)
+
+    def observe(self, value: float) -> None:
+        self._metric.observe(value)
