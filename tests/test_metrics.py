@@ -1,0 +1,344 @@
+"""The metrics reporter without Triton: a recording backend stands in for pb_utils.MetricFamily."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import sys
+import threading
+import time
+import types
+import weakref
+
+import pytest
+from test_poller import ListStream, context
+
+from trtllm_model.executors.base import IterationStats, KvCacheStats
+from trtllm_model.executors.synthetic import SyntheticExecutor
+from trtllm_model.metrics import (
+    E2E,
+    GENERATION_TOKENS,
+    INPUT_TOKEN_LEN,
+    OUTPUT_TOKEN_LEN,
+    PROMPT_TOKENS,
+    QUEUE_TIME,
+    REQUESTS_FINISHED,
+    TPOT,
+    TTFT,
+    MetricsReporter,
+)
+from trtllm_model.poller import Poller
+
+MS = 1_000_000
+
+
+class RecordingBackend:
+    """Every metric call is recorded (each one is an IPC round trip in Triton)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.metrics: dict[tuple[str, frozenset], RecordedMetric] = {}
+        self.fail_next = False
+
+    def _make(self, kind, name, labels, buckets=None):
+        key = (name, frozenset(labels.items()))
+        assert key not in self.metrics, f"metric created twice: {key}"
+        metric = self.metrics[key] = RecordedMetric(self, kind, name, labels, buckets)
+        self.calls.append(("create", name, labels))
+        return metric
+
+    def counter(self, name, description, labels):
+        return self._make("counter", name, labels)
+
+    def gauge(self, name, description, labels):
+        return self._make("gauge", name, labels)
+
+    def histogram(self, name, description, labels, buckets):
+        return self._make("histogram", name, labels, list(buckets))
+
+    def get(self, name, **labels) -> RecordedMetric:
+        matches = [m for (n, _), m in self.metrics.items() if n == name and labels.items() <= m.labels.items()]
+        assert len(matches) == 1, f"{name} {labels}: {len(matches)} matches"
+        return matches[0]
+
+    def names(self, name) -> set[str]:
+        return {label for (n, labels) in self.metrics for key, label in labels if n == name and key not in ("model", "version")}
+
+
+class RecordedMetric:
+    def __init__(self, backend, kind, name, labels, buckets):
+        self.backend, self.kind, self.name, self.labels, self.buckets = backend, kind, name, labels, buckets
+        self.value = 0.0
+        self.observations: list[float] = []
+
+    def _call(self, op, value):
+        if self.backend.fail_next:
+            self.backend.fail_next = False
+            raise RuntimeError("Invalid metric operation")
+        self.backend.calls.append((op, self.name, self.labels, value))
+
+    def increment(self, value):
+        assert self.kind == "counter" and value >= 0
+        self._call("increment", value)
+        self.value += value
+
+    def set(self, value):
+        assert self.kind == "gauge"
+        self._call("set", value)
+        self.value = value
+
+    def observe(self, value):
+        assert self.kind == "histogram"
+        self._call("observe", value)
+        self.observations.append(value)
+
+
+class StatsFeed:
+    def __init__(self) -> None:
+        self.pending: list[IterationStats] = []
+
+    def __call__(self) -> list[IterationStats]:
+        stats, self.pending = self.pending, []
+        return stats
+
+
+def finished(prompt_len=3, tokens=16, reason="length", arrival=0, enqueued=1 * MS, first=20 * MS, step_ms=10):
+    """A finished RequestContext with exact timings (ns): tokens arrive every `step_ms` after the first."""
+    ctx = context(list(range(1, prompt_len + 1)), tokens, ListStream())
+    ctx.arrival_ns, ctx.enqueued_ns = arrival, enqueued
+    ctx.num_output_tokens, ctx.finish_reason = tokens, reason
+    if tokens:
+        ctx.first_token_ns = first
+        ctx.last_token_ns = first + (tokens - 1) * step_ms * MS
+    return ctx
+
+
+@pytest.fixture
+def reporter():
+    backend, feed = RecordingBackend(), StatsFeed()
+    return MetricsReporter(backend, feed, model="tensorrt_llm", version="1"), backend, feed
+
+
+def test_request_metrics_exist_at_zero_from_the_start(reporter):
+    _, backend, _ = reporter
+    assert backend.get(GENERATION_TOKENS).value == 0
+    assert backend.names(REQUESTS_FINISHED) == {"stop", "length", "cancelled", "error", "timeout"}
+    assert backend.get(INPUT_TOKEN_LEN).labels == {"model": "tensorrt_llm", "version": "1", "response_metric_type": "total_input_tokens"}
+    assert backend.get(OUTPUT_TOKEN_LEN).labels["response_metric_type"] == "total_output_tokens"
+    assert backend.get(OUTPUT_TOKEN_LEN).buckets == [10, 50, 100, 500, 1000]
+    assert all(op == "create" for op, *_ in backend.calls)
+
+
+def test_record_finished_makes_no_metric_call_until_the_flush(reporter):
+    metrics, backend, _ = reporter
+    created = len(backend.calls)
+    for _ in range(10):
+        metrics.record_finished(finished())
+    assert len(backend.calls) == created
+    metrics.flush()
+    assert len(backend.calls) > created
+
+
+def test_ten_requests_of_sixteen_tokens_give_exact_values(reporter):
+    metrics, backend, _ = reporter
+    for _ in range(10):
+        metrics.record_finished(finished(prompt_len=3, tokens=16, arrival=0, enqueued=1 * MS, first=20 * MS, step_ms=10))
+    metrics.flush()
+    assert backend.get(GENERATION_TOKENS).value == 160
+    assert backend.get(PROMPT_TOKENS).value == 30
+    assert backend.get(REQUESTS_FINISHED, finish_reason="length").value == 10
+    assert backend.get(REQUESTS_FINISHED, finish_reason="stop").value == 0
+    assert backend.get(OUTPUT_TOKEN_LEN).observations == [16] * 10
+    assert backend.get(INPUT_TOKEN_LEN).observations == [3] * 10
+    assert backend.get(TTFT).observations == pytest.approx([0.020] * 10)
+    assert backend.get(TPOT).observations == pytest.approx([0.010] * 10)
+    assert backend.get(QUEUE_TIME).observations == pytest.approx([0.001] * 10)
+    assert len(backend.get(E2E).observations) == 10
+    # Counters are aggregated: one increment per counter per flush, however many requests ended.
+    increments = [c for c in backend.calls if c[0] == "increment"]
+    assert len(increments) == 3  # prompt tokens, generated tokens, finished{length}
+
+
+def test_finish_reasons_map_to_the_five_labels(reporter):
+    metrics, backend, _ = reporter
+    for reason in ("end_id", "stop_words", "length", "cancelled", "timeout", "error", "not_finished"):
+        metrics.record_finished(finished(reason=reason))
+    metrics.flush()
+    counts = {r: backend.get(REQUESTS_FINISHED, finish_reason=r).value for r in ("stop", "length", "cancelled", "timeout", "error")}
+    assert counts == {"stop": 2, "length": 1, "cancelled": 1, "timeout": 1, "error": 2}
+
+
+def test_latencies_a_request_does_not_have_are_not_observed(reporter):
+    metrics, backend, _ = reporter
+    metrics.record_finished(finished(tokens=0, reason="error"))  # failed before any token
+    metrics.record_finished(finished(tokens=1))  # one token: no time between tokens
+    metrics.flush()
+    assert len(backend.get(TTFT).observations) == 1
+    assert backend.get(TPOT).observations == []
+    assert len(backend.get(E2E).observations) == 2
+    assert backend.get(OUTPUT_TOKEN_LEN).observations == [0, 1]
+
+
+def synthetic_stats(iteration=1, active=2, queued=0):
+    return IterationStats(
+        timestamp=1700000000.0 + iteration, iteration=iteration, active_requests=active, queued_requests=queued,
+        max_active_requests=64, scheduled_requests=active, tokens_in_step=active,
+    )
+
+
+def test_gauges_only_for_fields_the_executor_has(reporter):
+    metrics, backend, feed = reporter
+    feed.pending = [synthetic_stats(iteration=1, active=5), synthetic_stats(iteration=2, active=3, queued=4)]
+    metrics.flush()
+    assert backend.names("nv_trt_llm_request_metrics") == {"active", "max", "scheduled", "waiting"}  # no "context"
+    assert backend.get("nv_trt_llm_request_metrics", request_type="active").value == 3  # the latest iteration
+    assert backend.get("nv_trt_llm_request_metrics", request_type="waiting").value == 0
+    assert backend.get("nv_trt_llm_general_metrics", general_type="iteration_counter").value == 2
+    assert backend.get("nv_llm_queued_requests").value == 4
+    for family in ("nv_trt_llm_runtime_memory_metrics", "nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_inflight_batcher_metrics"):
+        assert backend.names(family) == set(), family
+
+
+def test_a_full_engine_fills_every_nvidia_label(reporter):
+    metrics, backend, feed = reporter
+    feed.pending = [
+        IterationStats(
+            timestamp=1700000000.5, iteration=7, active_requests=6, queued_requests=1, max_active_requests=64,
+            scheduled_requests=4, context_requests=1, generation_requests=3, context_tokens=120, paused_requests=0,
+            micro_batch_id=0, cpu_mem_bytes=10, gpu_mem_bytes=20, pinned_mem_bytes=30,
+            kv_cache=KvCacheStats(max_blocks=200, free_blocks=150, used_blocks=50, tokens_per_block=64),
+        )
+    ]
+    metrics.flush()
+    assert backend.names("nv_trt_llm_request_metrics") == {"active", "max", "scheduled", "context", "waiting"}
+    assert backend.get("nv_trt_llm_request_metrics", request_type="waiting").value == 2  # active - scheduled
+    assert backend.names("nv_trt_llm_runtime_memory_metrics") == {"cpu", "gpu", "pinned"}
+    assert backend.get("nv_trt_llm_runtime_memory_metrics", memory_type="gpu").value == 20
+    assert backend.names("nv_trt_llm_kv_cache_block_metrics") == {"max", "free", "used", "tokens_per", "fraction"}
+    assert backend.get("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="fraction").value == 0.25
+    assert backend.names("nv_trt_llm_inflight_batcher_metrics") == {
+        "total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests"
+    }
+    assert backend.get("nv_trt_llm_general_metrics", general_type="timestamp").value == 1700000000.5
+
+
+def test_idle_flushes_make_no_metric_calls(reporter):
+    metrics, backend, feed = reporter
+    feed.pending = [synthetic_stats(iteration=1, active=0)]
+    metrics.flush()
+    calls = len(backend.calls)
+    for _ in range(5):
+        metrics.flush()  # no iteration, no finished request
+    assert len(backend.calls) == calls
+    # A new iteration that changes only the counter and timestamp sets only those two gauges.
+    feed.pending = [synthetic_stats(iteration=2, active=0)]
+    metrics.flush()
+    assert {(op, name, labels.get("general_type")) for op, name, labels, *_ in backend.calls[calls:]} == {
+        ("set", "nv_trt_llm_general_metrics", "iteration_counter"), ("set", "nv_trt_llm_general_metrics", "timestamp")
+    }
+
+
+def test_a_failing_flush_does_not_stop_later_ones(reporter):
+    metrics, backend, _ = reporter
+    backend.fail_next = True
+    metrics.record_finished(finished())
+    metrics.flush()  # raises inside, logged
+    metrics.record_finished(finished())
+    metrics.flush()
+    assert backend.get(GENERATION_TOKENS).value == 16
+
+
+def test_thread_flushes_on_its_period_and_stop_flushes_the_rest():
+    backend, feed = RecordingBackend(), StatsFeed()
+    metrics = MetricsReporter(backend, feed, model="m", version="1", period_s=0.02)
+    metrics.start()
+    try:
+        metrics.record_finished(finished())
+        deadline = time.monotonic() + 2
+        while backend.get(GENERATION_TOKENS).value == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert backend.get(GENERATION_TOKENS).value == 16
+    finally:
+        metrics.stop()
+    assert not any(t.name == "metrics" and t.is_alive() for t in threading.enumerate())
+    metrics.record_finished(finished())  # as a request ended during shutdown
+    metrics.stop()
+    assert backend.get(GENERATION_TOKENS).value == 32
+
+
+def test_with_the_real_poller_and_synthetic_executor():
+    backend, executor = RecordingBackend(), SyntheticExecutor(step_ms=2.0)
+    metrics = MetricsReporter(backend, executor.iteration_stats, model="m", version="1", period_s=0.02)
+    poller = Poller(executor, on_finished=metrics.record_finished)
+    metrics.start()
+    poller.start()
+    streams = [ListStream() for _ in range(10)]
+    for i, stream in enumerate(streams):
+        poller.submit(context([i + 1, 7], 16, stream))
+    for stream in streams:
+        assert stream.done.wait(10)
+    poller.shutdown()
+    metrics.stop()
+    assert backend.get(GENERATION_TOKENS).value == 160
+    assert backend.get(PROMPT_TOKENS).value == 20
+    assert backend.get(REQUESTS_FINISHED, finish_reason="length").value == 10
+    for name in (TTFT, TPOT, E2E, QUEUE_TIME, INPUT_TOKEN_LEN, OUTPUT_TOKEN_LEN):
+        assert len(backend.get(name).observations) == 10, name
+    assert all(0 < t < 1 for t in backend.get(TPOT).observations)
+    assert backend.get("nv_trt_llm_request_metrics", request_type="active").value == 0
+    assert backend.get("nv_trt_llm_general_metrics", general_type="iteration_counter").value >= 16
+
+
+# -- the pb_utils adapter -------------------------------------------------------------------------------------------
+class FakeMetricFamily:
+    """Like pb_utils.MetricFamily: its metrics raise once the family was garbage-collected."""
+
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+    def __init__(self, name, description, kind):
+        self.name, self.kind = name, kind
+
+    def Metric(self, labels, buckets=None):  # noqa: N802 (pb_utils' name)
+        assert (buckets is not None) == (self.kind == "histogram")
+        return FakeMetric(weakref.ref(self))
+
+
+class FakeMetric:
+    def __init__(self, family_ref):
+        self.family_ref, self.values = family_ref, []
+
+    def _use(self, value):
+        if self.family_ref() is None:
+            raise RuntimeError("Invalid metric operation as the corresponding 'MetricFamily' has been deleted")
+        self.values.append(value)
+
+    increment = set = observe = _use
+
+
+@pytest.fixture
+def triton_io(monkeypatch):
+    fake = types.ModuleType("triton_python_backend_utils")
+    fake.MetricFamily = FakeMetricFamily
+    fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
+    monkeypatch.delitem(sys.modules, "trtllm_model.triton_io", raising=False)
+    yield importlib.import_module("trtllm_model.triton_io")
+    sys.modules.pop("trtllm_model.triton_io", None)
+
+
+def test_triton_backend_keeps_families_alive_as_long_as_their_metrics(triton_io):
+    backend = triton_io.TritonMetricBackend()
+    counter = backend.counter("c_total", "d", {"model": "m"})
+    histogram = backend.histogram("h", "d", {"model": "m"}, (1, 2))
+    del backend
+    gc.collect()
+    counter.increment(3)
+    histogram.observe(1.5)
+    assert counter._metric.values == [3] and histogram._metric.values == [1.5]
+
+
+def test_triton_backend_makes_one_family_per_name(triton_io):
+    backend = triton_io.TritonMetricBackend()
+    a = backend.gauge("g", "d", {"type": "a"})
+    b = backend.gauge("g", "d", {"type": "b"})
+    assert a._family is b._family
