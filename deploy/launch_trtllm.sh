@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Start tritonserver for a TensorRT-LLM executor inside NVIDIA's Triton TensorRT-LLM container.
+#
+# 1. makes /opt/trtllm_triton importable by the Python backend stub (it ignores PYTHONPATH: a .pth file does not);
+# 2. writes the model repository with `trtllm-triton configure` from the mounted engine or checkpoint;
+# 3. runs one tritonserver, or one per MPI rank (leader mode) when WORLD_SIZE > 1 for executor=trtllm_engine.
+#
+# Environment:
+#   TRTLLM_EXECUTOR     trtllm_engine (default) or trtllm_llmapi
+#   ENGINE_DIR          engine directory inside the container (trtllm_engine; default /engines)
+#   TOKENIZER_DIR       Hugging Face tokenizer inside the container, for text requests (default /tokenizer, if it
+#                       holds tokenizer_config.json or tokenizer.json)
+#   CHECKPOINT_DIR      Hugging Face checkpoint inside the container (trtllm_llmapi; default /checkpoint)
+#   WORLD_SIZE          MPI ranks = tensor x pipeline parallelism the engine was built with (default 1)
+#   TRTLLM_ORCHESTRATOR 1: one tritonserver spawns the workers itself (no mpirun)
+#   CONFIGURE_SETS      extra "key=value key=value" for the template (e.g. "kv_cache_free_gpu_mem_fraction=0.9")
+#   HTTP_PORT GRPC_PORT METRICS_PORT (8000 8001 8002), MODEL_REPOSITORY (/tmp/model_repository)
+#   PYTHON (python3), PTH_DIR (that Python's site-packages: where the .pth file goes)
+set -euo pipefail
+
+package_root=${TRTLLM_TRITON_ROOT:-/opt/trtllm_triton}
+executor=${TRTLLM_EXECUTOR:-trtllm_engine}
+repository=${MODEL_REPOSITORY:-/tmp/model_repository}
+world_size=${WORLD_SIZE:-1}
+http_port=${HTTP_PORT:-8000}
+grpc_port=${GRPC_PORT:-8001}
+metrics_port=${METRICS_PORT:-8002}
+
+python=${PYTHON:-python3}
+pth_dir=${PTH_DIR:-$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}
+echo "$package_root" > "$pth_dir/trtllm_triton.pth"
+
+sets=()
+case "$executor" in
+  trtllm_engine)
+    sets+=(--set "gpt_model_path=${ENGINE_DIR:-/engines}")
+    tokenizer_dir=${TOKENIZER_DIR:-/tokenizer}
+    if [ -f "$tokenizer_dir/tokenizer_config.json" ] || [ -f "$tokenizer_dir/tokenizer.json" ]; then
+      sets+=(--set "tokenizer_dir=$tokenizer_dir")
+    fi
+    if [ "${TRTLLM_ORCHESTRATOR:-0}" = 1 ]; then
+      sets+=(--set "executor_worker_path=/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker")
+    fi
+    ;;
+  trtllm_llmapi)
+    sets+=(--set "hf_model_path=${CHECKPOINT_DIR:-/checkpoint}")
+    ;;
+  *)
+    echo "launch_trtllm.sh: TRTLLM_EXECUTOR=$executor: expected trtllm_engine or trtllm_llmapi" >&2
+    exit 2
+    ;;
+esac
+for assignment in ${CONFIGURE_SETS:-}; do sets+=(--set "$assignment"); done
+PYTHONPATH="$package_root" "$python" -m trtllm_model.configure --executor "$executor" --output "$repository" --force "${sets[@]}"
+
+serving=(--http-port="$http_port" --grpc-port="$grpc_port" --metrics-port="$metrics_port"
+         --allow-metrics=true --model-control-mode=explicit '--load-model=*')
+
+if [ "$executor" = trtllm_engine ] && [ "$world_size" -gt 1 ] && [ "${TRTLLM_ORCHESTRATOR:-0}" != 1 ]; then
+  # Leader mode: one tritonserver per rank. Rank 0 serves; the others only load the model (their executor
+  # joins the engine's MPI world and never takes requests), with no endpoints and their own shared memory names.
+  ranks=()
+  for ((rank = 0; rank < world_size; rank++)); do
+    if [ "$rank" -gt 0 ]; then ranks+=(:); fi
+    ranks+=(-n 1 tritonserver --model-repository="$repository"
+            --backend-config=python,shm-region-prefix-name="rank${rank}_")
+    if [ "$rank" -eq 0 ]; then
+      ranks+=("${serving[@]}")
+    else
+      ranks+=(--allow-http=false --allow-grpc=false --allow-metrics=false
+              --model-control-mode=explicit --load-model=tensorrt_llm)
+    fi
+  done
+  exec mpirun --allow-run-as-root "${ranks[@]}"
+fi
+
+exec tritonserver --model-repository="$repository" "${serving[@]}"
