@@ -11,6 +11,7 @@ import types
 import weakref
 
 import pytest
+from prometheus_text import parse
 from test_poller import ListStream, context
 
 from trtllm_model.executors.base import IterationStats, KvCacheStats
@@ -287,6 +288,15 @@ def test_with_the_real_poller_and_synthetic_executor():
     assert all(0 < t < 1 for t in backend.get(TPOT).observations)
     assert backend.get("nv_trt_llm_request_metrics", request_type="active").value == 0
     assert backend.get("nv_trt_llm_general_metrics", general_type="iteration_counter").value >= 16
+
+
+def test_parser_reads_escapes_and_special_values():
+    text = '# TYPE x histogram\nx_bucket{a="q\\"uote",le="+Inf"} 3\ny 1.5e3 1700000000\nz{} NaN\n'
+    parsed = parse(text)
+    assert parsed.value("x_bucket", a='q"uote', le="+Inf") == 3
+    assert parsed.value("y") == 1500
+    assert parsed.types == {"x": "histogram"}
+    assert parsed.find("z")
 
 
 # -- the pb_utils adapter -------------------------------------------------------------------------------------------

@@ -1,0 +1,102 @@
+"""What Prometheus scrapes from a real tritonserver after a known workload (synthetic executor, own server)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from conftest import start_server
+from prometheus_text import scrape
+from triton_client import StreamClient, token_inputs
+
+pytestmark = pytest.mark.e2e
+
+LABELS = {"model": "tensorrt_llm", "version": "1"}
+HISTOGRAMS = (
+    "nv_llm_time_to_first_token_seconds",
+    "nv_llm_time_per_output_token_seconds",
+    "nv_llm_e2e_request_latency_seconds",
+    "nv_llm_queue_time_seconds",
+    "nv_llm_input_token_len",
+    "nv_llm_output_token_len",
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("metrics"), executor="synthetic", parameters={"stats_check_period_ms": "50"})
+    yield server
+    server.stop()
+
+
+def run_requests(server, requests: list[tuple[list, dict | None]]) -> None:
+    """Send every (inputs, parameters) on one gRPC stream at once and wait for all the finals."""
+    client = StreamClient(server.grpc_url)
+    try:
+        results = [client.send("tensorrt_llm", inputs, f"r{i}", parameters) for i, (inputs, parameters) in enumerate(requests)]
+        for result in results:
+            result.wait(30)
+    finally:
+        client.close()
+
+
+def wait_for(server, condition, timeout_s: float = 5.0):
+    """Scrape until `condition(scrape)` holds: metrics are flushed every stats_check_period_ms, not at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = scrape(server.metrics_url)
+        if condition(current) or time.monotonic() > deadline:
+            return current
+        time.sleep(0.05)
+
+
+def test_known_workload_gives_exact_counts_and_idle_gauges(server):
+    before = scrape(server.metrics_url)
+    assert before.value("nv_llm_generation_tokens_total", **LABELS) == 0  # our own server: counters start at zero
+    for name in HISTOGRAMS:
+        assert before.types[name] == "histogram", name
+
+    run_requests(server, [(token_inputs([i + 1, 2, 3], 16), None) for i in range(10)])
+    after = wait_for(server, lambda s: s.value("nv_llm_generation_tokens_total", **LABELS) >= 160)
+
+    assert after.value("nv_llm_generation_tokens_total", **LABELS) == 160
+    assert after.value("nv_llm_prompt_tokens_total", **LABELS) == 30
+    reasons = {r: after.value("nv_llm_requests_finished_total", finish_reason=r, **LABELS) for r in ("stop", "length", "cancelled", "error", "timeout")}
+    assert reasons == {"stop": 0, "length": 10, "cancelled": 0, "error": 0, "timeout": 0}
+    for name in HISTOGRAMS:
+        assert after.value(f"{name}_count", **LABELS) == 10, name
+    # NVIDIA's token-length histograms: their label, their buckets, exact sums.
+    output = {"response_metric_type": "total_output_tokens", **LABELS}
+    assert after.value("nv_llm_output_token_len_sum", **output) == 160
+    assert after.value("nv_llm_input_token_len_sum", response_metric_type="total_input_tokens", **LABELS) == 30
+    assert after.label_values("nv_llm_output_token_len_bucket", "le") == {"10", "50", "100", "500", "1000", "+Inf"}
+    assert after.value("nv_llm_output_token_len_bucket", le="10", **output) == 0
+    assert after.value("nv_llm_output_token_len_bucket", le="50", **output) == 10
+    # 10 ms synthetic steps: a token every ~10 ms, so the mean per-token time is well under 100 ms.
+    assert 0 < after.value("nv_llm_time_per_output_token_seconds_sum", **LABELS) / 10 < 0.1
+
+    idle = wait_for(server, lambda s: s.value("nv_trt_llm_request_metrics", request_type="active", **LABELS) == 0)
+    request_gauges = {t: idle.value("nv_trt_llm_request_metrics", request_type=t, **LABELS) for t in ("active", "scheduled", "waiting", "max")}
+    assert request_gauges == {"active": 0, "scheduled": 0, "waiting": 0, "max": 64}
+    assert idle.value("nv_llm_queued_requests", **LABELS) == 0
+    assert idle.value("nv_trt_llm_general_metrics", general_type="iteration_counter", **LABELS) >= 16
+    assert abs(idle.value("nv_trt_llm_general_metrics", general_type="timestamp", **LABELS) - time.time()) < 60
+    # The synthetic executor has no memory, KV cache or batcher internals: those series don't exist.
+    for family in ("nv_trt_llm_runtime_memory_metrics", "nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_inflight_batcher_metrics"):
+        assert not idle.find(family), family
+    assert idle.label_values("nv_trt_llm_request_metrics", "request_type") == {"active", "max", "scheduled", "waiting"}
+
+
+def test_finish_reasons_stop_and_error_are_counted(server):
+    before = scrape(server.metrics_url)
+    count = {r: before.value("nv_llm_requests_finished_total", finish_reason=r, **LABELS) for r in ("stop", "error")}
+    # Input [5] makes tokens 6, 7, 8, ...: end_id 8 stops after 3 tokens; the fault ends the other after 2.
+    run_requests(server, [
+        (token_inputs([5], 50, end_id=(8, np.int32)), None),
+        (token_inputs([5], 50), {"synthetic_fault_error_at": 2}),
+    ])
+    after = wait_for(server, lambda s: s.value("nv_llm_requests_finished_total", finish_reason="error", **LABELS) > count["error"])
+    assert after.value("nv_llm_requests_finished_total", finish_reason="stop", **LABELS) == count["stop"] + 1
+    assert after.value("nv_llm_requests_finished_total", finish_reason="error", **LABELS) == count["error"] + 1
+
