@@ -1,0 +1,71 @@
+"""Incremental detokenization for streamed text, and the chat template for a single user message.
+
+`IncrementalDetokenizer` turns a stream of token ids into text deltas whose concatenation is exactly
+`tokenizer.decode(all_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)`: special tokens (such
+as `<|im_end|>`) are left out, as in NVIDIA's postprocessing model, and no clean-up rewrites spaces (it is not
+incremental: it would change text already sent). Each push decodes a short window of tokens:
+- the window starts at a token whose text was already sent, so a tokenizer that drops the leading space of the
+  first token it decodes (SentencePiece) still puts the space in the delta;
+- while the window's text ends with U+FFFD the last token ended inside a multi-byte character: that tail is held
+  back until a later token completes it, or `flush` sends it at the end of the stream.
+The window restarts at the last token whenever everything is sent, so a push costs two decodes of a few tokens.
+"""
+
+from __future__ import annotations
+
+from .executors.base import Tokenizer
+
+REPLACEMENT_CHAR = "\ufffd"
+# A window that grows past this many tokens while its end is still an unfinished character (a run of invalid
+# bytes, never in real text) sends all but its last U+FFFD: in byte-level decoding (GPT-2 style, SmolLM2) later
+# bytes can only change that one.
+MAX_WINDOW_TOKENS = 64
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self._window: list[int] = []
+        self._sent = 0  # characters of decode(window) already returned
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
+        )
+
+    def push(self, token_ids: list[int]) -> str:
+        """Add generated tokens; returns the text they complete (may be empty)."""
+        self._window.extend(token_ids)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """At the end of the stream: the text still held back."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        text = self._decode(self._window)
+        end = len(text)
+        if not final:
+            end -= len(text) - len(text.rstrip(REPLACEMENT_CHAR))
+            if end < len(text) and len(self._window) > MAX_WINDOW_TOKENS:
+                end = len(text) - 1
+        delta = text[self._sent : end] if end > self._sent else ""
+        self._sent = max(self._sent, end)
+        held = len(text) - self._sent
+        if held == 0:
+            self._restart_window(keep=1, held=0)
+        elif len(self._window) > MAX_WINDOW_TOKENS:
+            # A held character's bytes (at most 3) lie within the last 3 tokens.
+            self._restart_window(keep=3, held=held)
+        return delta
+
+    def _restart_window(self, keep: int, held: int) -> None:
+        self._window = self._window[-keep:]
+        self._sent = len(self._decode(self._window)) - held
+
+
+def apply_chat_template(tokenizer, text: str) -> str:
+    """The prompt the model's chat template makes of one user message, ready for the assistant's answer."""
+    messages = [{"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
