@@ -307,3 +307,8 @@ def test_worker_rank_serves_nothing(tle, tmp_path, monkeypatch):
 
 def test_vocab_size_comes_from_the_engine_config(executor):
     assert executor.vocab_size == 1000
+
+
+def test_await_after_shutdown_is_quiet_not_a_failure(executor):
+    executor.shutdown()
+    assert executor.await_steps(0.01) == [] and executor.health_error() is None

@@ -242,3 +242,8 @@ def test_tokenizer_comes_from_the_llm_and_shutdown_is_idempotent(executor):
     executor.shutdown()
     with pytest.raises(ExecutorError, match="shut down"):
         executor.enqueue(GenerationRequest([1], 2))
+
+
+def test_await_after_shutdown_is_quiet_not_a_failure(executor):
+    executor.shutdown()
+    assert executor.await_steps(0.01) == [] and executor.health_error() is None

@@ -156,10 +156,11 @@ class TrtllmEngineExecutor(Executor):
         return torch.tensor(request.embedding_bias, dtype=torch.float32)
 
     def await_steps(self, timeout_s: float) -> list[Step]:
-        if not self._is_leader:
-            time.sleep(timeout_s)  # workers serve nothing; the engine runs in its own threads
+        if not self._is_leader or self._closed:
+            time.sleep(timeout_s)  # workers serve nothing (the engine runs in its own threads); shut down: nothing
             return []
-        self._raise_if_unusable()
+        if self._dead:
+            raise ExecutorError(self._dead)
         try:
             # A timedelta: a bare int would select the await_responses(request_id) overload.
             responses = self._engine.await_responses(timeout=timedelta(seconds=max(timeout_s, 0.0)))

@@ -78,9 +78,10 @@ class LlmApiExecutor(Executor):
             if not self._ready:
                 self._cond.wait(timeout_s)
             steps, self._ready = self._ready, []
-        if not steps:
-            self._raise_if_unusable()
-        return steps
+        error = self.health_error()
+        if not steps and error:
+            raise ExecutorError(error)
+        return steps  # after shutdown: nothing more, without an error (the poller is stopping)
 
     def cancel(self, request_id: int) -> None:
         if not self._closed:
