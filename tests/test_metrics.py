@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import gc
 import importlib
+import json
+import re
 import sys
 import threading
 import time
 import types
 import weakref
+from pathlib import Path
 
 import pytest
 from prometheus_text import parse
@@ -31,6 +34,7 @@ from trtllm_model.metrics import (
 from trtllm_model.poller import Poller
 
 MS = 1_000_000
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class RecordingBackend:
@@ -352,3 +356,46 @@ def test_triton_backend_makes_one_family_per_name(triton_io):
     a = backend.gauge("g", "d", {"type": "a"})
     b = backend.gauge("g", "d", {"type": "b"})
     assert a._family is b._family
+
+
+# -- the dashboard and the docs name what the model exports ----------------------------------------------------------
+def exported_series() -> dict[str, set[str]]:
+    """Metric name -> the values of its family label (empty set: no family label), as the reporter exports them."""
+    backend, feed = RecordingBackend(), StatsFeed()
+    metrics = MetricsReporter(backend, feed, model="m", version="1")
+    feed.pending = [
+        IterationStats(
+            timestamp=1.0, iteration=1, active_requests=1, queued_requests=1, max_active_requests=1,
+            scheduled_requests=1, context_requests=1, generation_requests=1, context_tokens=1, paused_requests=1,
+            micro_batch_id=1, cpu_mem_bytes=1, gpu_mem_bytes=1, pinned_mem_bytes=1,
+            kv_cache=KvCacheStats(max_blocks=1, free_blocks=1, used_blocks=1, tokens_per_block=1),
+        )
+    ]
+    metrics.flush()
+    series: dict[str, set[str]] = {}
+    for name, labels in backend.metrics:
+        values = series.setdefault(name, set())
+        values.update(value for key, value in labels if key not in ("model", "version", "finish_reason"))
+    return series
+
+
+def test_dashboard_queries_only_exported_series():
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "trtllm-triton.json").read_text())
+    series = exported_series()
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    used = set()
+    for expr in exprs:
+        for name, selector in re.findall(r"\b(nv_(?:llm|trt_llm)_[a-z0-9_]+?)(?:_bucket|_sum|_count)?\{([^}]*)\}", expr):
+            assert name in series, f"dashboard queries {name}, which the model does not export"
+            for value in re.findall(r'(?:request_type|memory_type|kv_cache_block_type|general_type|inflight_batcher_specific_metric)="([a-z_]+)"', selector):
+                assert value in series[name], f"{name}: no series with label value {value}"
+            used.add(name)
+    assert used == set(series), f"not on the dashboard: {set(series) - used}"
+
+
+def test_docs_name_every_exported_metric():
+    docs = (ROOT / "docs" / "observability.md").read_text()
+    for name, values in exported_series().items():
+        assert f"`{name}" in docs, name
+        for value in values:
+            assert f"`{value}`" in docs or f'"{value}"' in docs, f"{name}: {value}"
