@@ -95,6 +95,12 @@ def test_engine_streams_exact_tokens_with_one_final(engine_server):
     assert result.finals == 1 and finish_reasons(result)[-1] == "length"
 
 
+def test_engine_non_streaming_with_the_prompt(engine_server):
+    inputs = token_inputs([5, 6], 4, streaming=False, exclude_input_in_output=(False, np.bool_))
+    result = stream_once(engine_server.grpc_url, "tensorrt_llm", inputs)
+    assert result.errors == [] and result.tokens() == [5, 6, *fake_tokens([6], 4)] and len(result.responses) == 1
+
+
 def test_engine_end_id_and_engine_errors_reach_the_client(engine_server):
     ended = stream_once(engine_server.grpc_url, "tensorrt_llm", token_inputs([40], 50, end_id=(44, np.int32)))
     assert ended.tokens() == [41, 42, 43] and ended.errors == []

@@ -154,6 +154,13 @@ def test_generation_request_maps_onto_request_keywords(tle):
     assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.length_penalty) == (1.1, 0.2, 0.3, 1.5)
 
 
+def test_the_prompt_is_never_in_the_engine_output(executor):
+    """A non-streaming request with exclude_input_in_output=False: the poller adds the prompt, not the engine."""
+    request_id = executor.enqueue(GenerationRequest([7, 8], 3, streaming=False, exclude_input_in_output=False))
+    steps = collect_until_final(executor, {request_id})
+    assert [t for s in steps for t in s.token_ids] == [9, 10, 11] and len(steps) == 1
+
+
 def test_defaults_leave_the_engine_defaults(tle):
     trt = to_trt_request(tle, GenerationRequest([5], 4, temperature=0.0))
     assert trt.stop_words is None and trt.bad_words is None and trt.allotted_time_ms is None

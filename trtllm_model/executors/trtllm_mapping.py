@@ -147,10 +147,8 @@ def to_trt_request(tle: ModuleType, request: GenerationRequest, embedding_bias: 
         request.max_tokens,
         streaming=request.streaming,
         sampling_config=sampling_config(tle, request),
-        output_config=tle.OutputConfig(
-            return_log_probs=request.return_log_probs,
-            exclude_input_from_output=request.exclude_input_in_output,
-        ),
+        # Steps carry generated tokens only; the poller prepends the prompt when exclude_input_in_output is false.
+        output_config=tle.OutputConfig(return_log_probs=request.return_log_probs, exclude_input_from_output=True),
         **_set_only(
             end_id=request.end_id,
             pad_id=request.pad_id,
