@@ -247,3 +247,9 @@ def test_tokenizer_comes_from_the_llm_and_shutdown_is_idempotent(executor):
 def test_await_after_shutdown_is_quiet_not_a_failure(executor):
     executor.shutdown()
     assert executor.await_steps(0.01) == [] and executor.health_error() is None
+
+
+def test_the_wrapped_hugging_face_tokenizer_is_handed_out(executor):
+    hf_tokenizer = ByteTokenizer()
+    executor._llm._tokenizer = SimpleNamespace(tokenizer=hf_tokenizer, encode=None, decode=None)
+    assert executor.tokenizer() is hf_tokenizer

@@ -105,7 +105,11 @@ class LlmApiExecutor(Executor):
         return None
 
     def tokenizer(self) -> Tokenizer | None:
-        return getattr(self._llm, "tokenizer", None)
+        wrapper = getattr(self._llm, "tokenizer", None)
+        # The LLM API wraps the Hugging Face tokenizer (TransformersTokenizer.tokenizer); hand out the original,
+        # which has everything the text interface uses (apply_chat_template included).
+        inner = getattr(wrapper, "tokenizer", None)
+        return inner if hasattr(inner, "encode") and hasattr(inner, "decode") else wrapper
 
     def _raise_if_unusable(self) -> None:
         if self._closed:
