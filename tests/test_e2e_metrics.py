@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import numpy as np
 import pytest
-from conftest import start_server
+from conftest import start_server, write_repository
 from prometheus_text import scrape
 from triton_client import StreamClient, token_inputs
+from trtllm_support import FAKES_DIR, make_engine_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -100,3 +102,37 @@ def test_finish_reasons_stop_and_error_are_counted(server):
     assert after.value("nv_llm_requests_finished_total", finish_reason="stop", **LABELS) == count["stop"] + 1
     assert after.value("nv_llm_requests_finished_total", finish_reason="error", **LABELS) == count["error"] + 1
 
+
+
+def test_trtllm_engine_fills_every_nvidia_family(tmp_path):
+    """Over the fake tensorrt_llm: the stats a real Executor returns reach /metrics under NVIDIA's names."""
+    parameters = {"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(tmp_path / "engine")),
+                  "gpt_model_type": "inflight_fused_batching"}
+    synthetic_only = 'parameters: {\n  key: "synthetic_step_ms"\n  value: { string_value: "10" }\n}\n'
+    repository = write_repository(tmp_path / "repository", parameters, ("tensorrt_llm",), {synthetic_only: ""})
+    # The stub ignores PYTHONPATH but puts the version directory on sys.path: the fake package goes there.
+    shutil.copytree(FAKES_DIR / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm")
+    server = start_server(tmp_path, executor="trtllm_engine", env={"FAKE_TRTLLM_STEP_MS": "2"}, repository=repository)
+    try:
+        run_requests(server, [(token_inputs([i + 1, 2], 8), None) for i in range(4)])
+        done = wait_for(server, lambda s: s.value("nv_llm_generation_tokens_total", **LABELS) >= 32)
+        assert done.value("nv_llm_generation_tokens_total", **LABELS) == 32
+        expected = {
+            "nv_trt_llm_request_metrics": ("request_type", {"active", "max", "scheduled", "context", "waiting"}),
+            "nv_trt_llm_runtime_memory_metrics": ("memory_type", {"cpu", "gpu", "pinned"}),
+            "nv_trt_llm_kv_cache_block_metrics": ("kv_cache_block_type", {"max", "free", "used", "tokens_per", "fraction"}),
+            "nv_trt_llm_inflight_batcher_metrics": (
+                "inflight_batcher_specific_metric",
+                {"total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests"},
+            ),
+            "nv_trt_llm_general_metrics": ("general_type", {"timestamp", "iteration_counter"}),
+        }
+        for family, (label, values) in expected.items():
+            assert done.types[family] == "gauge"
+            assert done.label_values(family, label) == values, family
+        # The fake reports 1 GiB of GPU memory and 32 tokens per block of 1024.
+        assert done.value("nv_trt_llm_runtime_memory_metrics", memory_type="gpu", **LABELS) == 1 << 30
+        assert done.value("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="tokens_per", **LABELS) == 32
+        assert done.value("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max", **LABELS) == 1024
+    finally:
+        server.stop()
