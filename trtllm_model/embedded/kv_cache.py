@@ -39,8 +39,14 @@ class BatchKVCache(Cache):
     """Keys and values of every running sequence, `[rows, kv_heads, columns, head_dim]` per layer."""
 
     def __init__(
-        self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-        rows: int = 0, columns: int = 0,
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        rows: int = 0,
+        columns: int = 0,
     ) -> None:
         super().__init__(layers=[_BufferLayer(self) for _ in range(num_layers)])
         self.shape = (num_kv_heads, head_dim)
@@ -75,7 +81,9 @@ class BatchKVCache(Cache):
             keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
             values = torch.zeros(shape, dtype=self.dtype, device=self.device)
             if layer.keys is not None and self.rows:
-                keys[: self.rows, :, new_start : new_start + self.span] = layer.keys[: self.rows, :, self.start : self.end]
+                keys[: self.rows, :, new_start : new_start + self.span] = layer.keys[
+                    : self.rows, :, self.start : self.end
+                ]
                 values[: self.rows, :, new_start : new_start + self.span] = layer.values[
                     : self.rows, :, self.start : self.end
                 ]
@@ -140,7 +148,9 @@ class BatchKVCache(Cache):
         self.start -= grow_left
         first, last = self.rows, self.rows + other.rows
         for mine, theirs in zip(self.layers, other.layers):
-            mine.keys[first:last, :, self.end - other.span : self.end] = theirs.keys[: other.rows, :, other.start : other.end]
+            mine.keys[first:last, :, self.end - other.span : self.end] = theirs.keys[
+                : other.rows, :, other.start : other.end
+            ]
             mine.values[first:last, :, self.end - other.span : self.end] = theirs.values[
                 : other.rows, :, other.start : other.end
             ]

@@ -104,3 +104,13 @@ def load_model(
     model.to(torch.device(device)).eval()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or source)
     return LoadedModel(model=model, tokenizer=tokenizer, source=str(source))
+
+
+def load_tokenizer(model_dir: str | None = None, cache_dir: str | None = None):
+    """Only the tokenizer (of `model_dir`, or of the embedded SmolLM2)."""
+    from transformers import AutoTokenizer
+
+    if model_dir:
+        return AutoTokenizer.from_pretrained(model_dir)
+    source = dequantised_checkpoint(embedded_gguf_path(), Path(cache_dir) if cache_dir else default_cache_dir())
+    return AutoTokenizer.from_pretrained(source)

@@ -52,9 +52,7 @@ class ModelRunner:
         for row, prompt in enumerate(prompts):
             ids[row, span - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             positions[row, span - len(prompt) :] = torch.arange(len(prompt))
-        logits = self._forward(
-            ids.to(self.device), cache.prefill_mask(lengths), positions.to(self.device), cache
-        )
+        logits = self._forward(ids.to(self.device), cache.prefill_mask(lengths), positions.to(self.device), cache)
         cache.finish_prefill(lengths)
         return logits, cache
 

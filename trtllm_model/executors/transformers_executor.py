@@ -136,9 +136,7 @@ class TransformersExecutor(Executor):
             if any(token < 0 or token >= vocab for word in words for token in word):
                 raise RequestRejected(f"{name}: token ids must be within [0, {vocab})")
         if request.embedding_bias is not None and len(request.embedding_bias) != vocab:
-            raise RequestRejected(
-                f"embedding_bias: {len(request.embedding_bias)} values, the vocabulary has {vocab}"
-            )
+            raise RequestRejected(f"embedding_bias: {len(request.embedding_bias)} values, the vocabulary has {vocab}")
 
 
 def _check_range(name: str, value: float | None, low: float | None, high: float | None) -> None:
@@ -165,7 +163,9 @@ def create(params: Params) -> Executor:
     device = params.str("device", "cpu")
     if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
         raise ConfigError(f"parameter device={device!r}: expected cpu, cuda or cuda:N")
-    dtype = params.str("dtype", "float32" if device == "cpu" else "bfloat16", choices=("float32", "bfloat16", "float16"))
+    dtype = params.str(
+        "dtype", "float32" if device == "cpu" else "bfloat16", choices=("float32", "bfloat16", "float16")
+    )
     threads = params.int("torch_threads", None, minimum=1)
     if threads is not None:
         torch.set_num_threads(threads)

@@ -1,0 +1,101 @@
+"""The streamed text deltas concatenate to exactly the tokenizer's decode of all tokens (SmolLM2's tokenizer)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trtllm_model.detokenizer import MAX_WINDOW_TOKENS, IncrementalDetokenizer, apply_chat_template
+from trtllm_model.embedded.model_loading import load_tokenizer
+
+PROMPTS = [
+    "Héllo wörld, naïve café crème brûlée — Ångström",
+    "你好，世界！今天天气很好。日本語のテキストも。한국어 문장",
+    "Emoji: 🎉🚀👩‍👩‍👧 🇫🇷 ❤️ 🤖🧠",
+    "Ελληνικά, русский текст, עברית, العربية",
+    "mixed:\tTabs\nnew lines  double  spaces ... and 'quotes' \"here\"",
+    "<|im_start|>user\nspecial tokens inside text<|im_end|>",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+def streamed(tokenizer, ids: list[int], chunks: list[int]) -> list[str]:
+    """Push `ids` in chunks of the given sizes (cycled), then flush; returns the deltas."""
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    deltas, start, index = [], 0, 0
+    while start < len(ids):
+        size = chunks[index % len(chunks)] if chunks else 1
+        deltas.append(detokenizer.push(ids[start : start + size]))
+        start += size
+        index += 1
+    deltas.append(detokenizer.flush())
+    return deltas
+
+
+def full_decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _byte_token_ids(tokenizer) -> list[int]:
+    """Ids of tokens that decode to part of a multi-byte UTF-8 character on their own."""
+    return [i for i in range(len(tokenizer)) if tokenizer.decode([i]) == "\ufffd"]
+
+
+@pytest.mark.parametrize("text", PROMPTS)
+def test_unicode_text_streams_without_split_characters(tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    deltas = streamed(tokenizer, ids, [1])
+    assert "".join(deltas) == full_decode(tokenizer, ids)
+    # Every character is whole in its delta: no replacement characters appear in the stream.
+    assert not any("\ufffd" in delta for delta in deltas)
+
+
+@given(st.data())
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_random_token_sequences_concatenate_to_full_decode(tokenizer, data):
+    vocab = len(tokenizer)
+    token = st.one_of(
+        st.integers(0, vocab - 1),  # anything, special tokens included
+        st.integers(0, 300),  # specials and single bytes: invalid and partial UTF-8
+        st.sampled_from(tokenizer.encode(" ".join(PROMPTS), add_special_tokens=False)),
+    )
+    ids = data.draw(st.lists(token, max_size=80), label="ids")
+    chunks = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=8), label="chunks")
+    assert "".join(streamed(tokenizer, ids, chunks)) == full_decode(tokenizer, ids)
+
+
+def test_long_runs_of_partial_characters_stay_exact(tokenizer):
+    partial = _byte_token_ids(tokenizer)
+    assert len(partial) > 100
+    word = tokenizer.encode(" ok", add_special_tokens=False)
+    emoji = tokenizer.encode("🎉", add_special_tokens=False)
+    ids = [partial[(7 * i) % len(partial)] for i in range(3 * MAX_WINDOW_TOKENS)] + emoji + word + emoji
+    assert "".join(streamed(tokenizer, ids, [1])) == full_decode(tokenizer, ids)
+    assert "".join(streamed(tokenizer, ids, [3, 1, 2])) == full_decode(tokenizer, ids)
+
+
+def test_push_decodes_a_bounded_window(tokenizer):
+    """Cost per token does not grow with the stream: decode never sees more than a few tokens."""
+    seen = []
+
+    class Counting:
+        def decode(self, ids, **kwargs):
+            seen.append(len(ids))
+            return tokenizer.decode(ids, **kwargs)
+
+    ids = tokenizer.encode(" ".join(PROMPTS) * 20, add_special_tokens=False)
+    detokenizer = IncrementalDetokenizer(Counting())
+    text = "".join(detokenizer.push([token]) for token in ids) + detokenizer.flush()
+    assert text == full_decode(tokenizer, ids)
+    assert len(ids) > 1000 and max(seen) <= 8
+
+
+def test_chat_template_wraps_one_user_message(tokenizer):
+    prompt = apply_chat_template(tokenizer, "What is the capital of France?")
+    assert prompt.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt.startswith("<|im_start|>system\n")
