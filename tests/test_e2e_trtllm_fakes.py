@@ -7,6 +7,7 @@ directory on sys.path: the fake package is copied there, where the model's own i
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -19,15 +20,15 @@ from trtllm_support import FAKES_DIR, fake_tokens, make_checkpoint_dir, make_eng
 
 pytestmark = pytest.mark.e2e
 
-# The project repository's synthetic-only parameter; other executors reject it as unknown.
-SYNTHETIC_PARAMETER = 'parameters: {\n  key: "synthetic_step_ms"\n  value: { string_value: "10" }\n}\n'
-
-
+# The project repository's synthetic-only parameters; other executors reject them as unknown.
+SYNTHETIC_PARAMETER = re.compile(r'parameters: \{\s*key: "synthetic_\w+"\s*value: \{ string_value: "[^"]*" \}\s*\}\n')
 FAKE_ENVIRONMENT = {"FAKE_TRTLLM_STEP_MS": "2"}
 
 
 def repository_with_fake(workdir: Path, parameters: dict[str, str], models: tuple[str, ...]) -> Path:
-    repository = write_repository(workdir / "repository", parameters, models, {SYNTHETIC_PARAMETER: ""})
+    repository = write_repository(workdir / "repository", parameters, models)
+    config = repository / "tensorrt_llm" / "config.pbtxt"
+    config.write_text(SYNTHETIC_PARAMETER.sub("", config.read_text()))
     shutil.copytree(FAKES_DIR / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm",
                     ignore=shutil.ignore_patterns("__pycache__"))
     return repository
