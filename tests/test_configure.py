@@ -32,7 +32,9 @@ def parameters_of(config_text: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("template", [ENGINE_TEMPLATE, LLMAPI_TEMPLATE])
 def test_templates_have_the_project_models_inputs_and_outputs(template):
-    assert io_section(template) == io_section((DEFAULT_REPOSITORY / "tensorrt_llm" / "config.pbtxt").read_text())
+    project = io_section((DEFAULT_REPOSITORY / "tensorrt_llm" / "config.pbtxt").read_text())
+    assert io_section(template) == project, (
+        "templates/*/config.pbtxt: copy the input/output list of model_repository/tensorrt_llm/config.pbtxt")
     assert "decoupled: true" in template
 
 
