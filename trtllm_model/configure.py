@@ -31,7 +31,6 @@ REQUIRED = {"trtllm_engine": frozenset({"gpt_model_path"}), "trtllm_llmapi": fro
 DEFAULTS = {
     "triton_max_batch_size": "64",
     "max_queue_delay_microseconds": "0",
-    "max_queue_size": "0",
     "exclude_input_in_output": "true",
 }
 INT_KEYS = (
