@@ -120,6 +120,7 @@ def test_beam_search_and_unsupported_fields():
     with pytest.raises(RequestRejected, match="embedding_bias") as rejected:
         sampling_kwargs(GenerationRequest([1], 4, embedding_bias=[0.0]), None)
     assert rejected.value.unsupported
+    assert sampling_kwargs(GenerationRequest([1], 4, embedding_bias=[0.5]), None, tuple)["embedding_bias"] == (0.5,)
     with pytest.raises(RequestRejected, match="tokenizer"):
         sampling_kwargs(GenerationRequest([1], 4, stop_words=[[1, 2]]), None)
 
@@ -229,6 +230,16 @@ def test_request_failure_is_an_error_step_and_the_executor_lives_on(trtllm, tmp_
         assert created.health_error() is None
     finally:
         created.shutdown()
+
+
+def test_embedding_bias_goes_as_a_tensor(executor):
+    pytest.importorskip("torch")
+    bias = [0.0] * 5000
+    bias[4321] = 2.0
+    steps = collect_until_final(executor, {executor.enqueue(GenerationRequest([1000], 2, embedding_bias=bias))})
+    assert [t for s in steps for t in s.token_ids] == [4321, 4321]
+    with pytest.raises(RequestRejected, match="vocab size"):
+        executor.enqueue(GenerationRequest([1000], 2, embedding_bias=[1.0]))
 
 
 def test_request_the_llm_refuses_is_rejected_at_enqueue(executor):

@@ -60,7 +60,7 @@ class LlmApiExecutor(Executor):
     def enqueue(self, request: GenerationRequest) -> int:
         self._raise_if_unusable()
         try:
-            params = self._sampling_params_cls(**sampling_kwargs(request, self.tokenizer()))
+            params = self._sampling_params_cls(**sampling_kwargs(request, self.tokenizer(), float_tensor))
         except (TypeError, ValueError) as exc:
             raise RequestRejected(f"TensorRT-LLM rejected the sampling parameters: {exc}") from exc
         request_id = next(self._ids)
@@ -159,6 +159,12 @@ class LlmApiExecutor(Executor):
             with self._cond:
                 self._ready.extend(steps)
                 self._cond.notify_all()
+
+
+def float_tensor(values: list[float]) -> Any:
+    import torch  # tensorrt_llm depends on torch; SamplingParams.embedding_bias is a tensor
+
+    return torch.tensor(values, dtype=torch.float32)
 
 
 def ignored_parameters(params: Params) -> list[str]:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,10 +76,15 @@ def _split_words(
     return ids, texts
 
 
-def sampling_kwargs(request: GenerationRequest, tokenizer: Tokenizer | None) -> dict[str, Any]:
-    """GenerationRequest -> keywords for `SamplingParams(**kwargs)`; RequestRejected for what the API lacks."""
-    if request.embedding_bias is not None:
-        raise RequestRejected("embedding_bias: not supported by executor=trtllm_llmapi", unsupported=True)
+def sampling_kwargs(
+    request: GenerationRequest, tokenizer: Tokenizer | None, to_tensor: Callable[[list[float]], Any] | None = None
+) -> dict[str, Any]:
+    """GenerationRequest -> keywords for `SamplingParams(**kwargs)`; RequestRejected for what the API lacks.
+
+    `to_tensor` turns the embedding bias into the torch tensor SamplingParams takes (None: bias unsupported).
+    """
+    if request.embedding_bias is not None and to_tensor is None:
+        raise RequestRejected("embedding_bias: not supported here (no tensor library)", unsupported=True)
     stop_ids, stop_texts = _split_words(request.stop_words, tokenizer, "stop_words")
     bad_ids, bad_texts = _split_words(request.bad_words, tokenizer, "bad_words")
     kwargs = _set_only(
@@ -100,6 +106,8 @@ def sampling_kwargs(request: GenerationRequest, tokenizer: Tokenizer | None) -> 
         bad=bad_texts or None,
         logprobs=1 if request.return_log_probs else None,
     )
+    if request.embedding_bias is not None:
+        kwargs["embedding_bias"] = to_tensor(request.embedding_bias)
     if request.stop_words:
         kwargs["include_stop_str_in_output"] = True  # keep stop words in the output, as the engine executor does
     if request.beam_width > 1:

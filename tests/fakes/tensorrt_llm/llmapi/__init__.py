@@ -273,9 +273,15 @@ class LLM:
         width = beam_width if beam_width > 1 else params.n
         output = RequestOutput(self, request_id, list(prompt), params, width, loop)
         output._stop_words = stop_words
+        forced = None
+        if params.embedding_bias is not None:
+            bias = list(params.embedding_bias.tolist())  # a tensor; a plain list has no tolist()
+            if len(bias) != self.vocab_size:
+                raise ValueError(f"embedding_bias has {len(bias)} entries, vocab size is {self.vocab_size}")
+            forced = bias.index(max(bias)) if max(bias) > 0 else None
         job = Job(job_id=request_id, prompt=list(prompt), max_tokens=params.max_tokens, beam_width=beam_width,
                   num_sequences=params.n if beam_width == 1 else 1, end_id=end_id, min_tokens=params.min_tokens or 0,
-                  stop_words=stop_words, bad_words=bad_words)
+                  stop_words=stop_words, bad_words=bad_words, forced_token=forced)
         if not streaming:
             raise NotImplementedError("the fake LLM API serves streaming=True only")
         with self._engine.cond:
