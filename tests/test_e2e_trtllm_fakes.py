@@ -66,18 +66,18 @@ def assert_cancel_with_stop_ends_the_stream(server) -> None:
     """NVIDIA's `stop` input (same request id, stop=True) cancels a long request; its stream ends CANCELLED."""
     streams, stopper = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
     try:
-        long = streams.send("tensorrt_llm", token_inputs([1000], 10000), "long-request")
+        long = streams.send("tensorrt_llm", token_inputs([1000], 4000), "long-request")
         deadline = time.monotonic() + 30
-        while not long.responses and time.monotonic() < deadline:
+        while not long.responses and not long.errors and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert long.responses, "no token before the cancel"
+        assert long.responses, f"no token before the cancel: {long.errors}"
         stopper.send("tensorrt_llm", [*token_inputs([1000], 1), _stop()], "long-request").wait(30)
         long.wait(60)
     finally:
         streams.close()
         stopper.close()
     tokens = long.tokens()
-    assert 0 < len(tokens) < 10000 and tokens == fake_tokens([1000], len(tokens))
+    assert 0 < len(tokens) < 4000 and tokens == fake_tokens([1000], len(tokens))
     assert long.finals == 1 and any("cancel" in error for error in long.errors)
 
 
