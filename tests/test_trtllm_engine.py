@@ -319,3 +319,12 @@ def test_vocab_size_comes_from_the_engine_config(executor):
 def test_await_after_shutdown_is_quiet_not_a_failure(executor):
     executor.shutdown()
     assert executor.await_steps(0.01) == [] and executor.health_error() is None
+
+
+def test_set_but_unapplied_nvidia_parameters_are_named_in_a_warning(tle, tmp_path, caplog):
+    created, _ = create_executor({"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(tmp_path / "e")),
+                                  "decoding_mode": "top_k_top_p", "lora_cache_max_adapter_size": "64",
+                                  "cancellation_check_period_ms": "100", "medusa_choices": ""})
+    created.shutdown()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["executor=trtllm_engine ignores these set parameters: decoding_mode, lora_cache_max_adapter_size"]

@@ -264,3 +264,12 @@ def test_the_wrapped_hugging_face_tokenizer_is_handed_out(executor):
     hf_tokenizer = ByteTokenizer()
     executor._llm._tokenizer = SimpleNamespace(tokenizer=hf_tokenizer, encode=None, decode=None)
     assert executor.tokenizer() is hf_tokenizer
+
+
+def test_engine_only_parameters_are_named_in_a_warning(trtllm, tmp_path, caplog):
+    created, _ = create_executor({"executor": "trtllm_llmapi", "hf_model_path": str(make_checkpoint_dir(tmp_path)),
+                                  "gpt_model_path": "/engines", "batch_scheduler_policy": "max_utilization",
+                                  "stats_check_period_ms": "100"})
+    created.shutdown()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["executor=trtllm_llmapi ignores these set parameters: batch_scheduler_policy, gpt_model_path"]

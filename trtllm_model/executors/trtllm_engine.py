@@ -18,10 +18,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..params import NVIDIA_PARAMETERS, ConfigError, Params
+from ..params import ConfigError, Params
 from .base import Executor, ExecutorError, GenerationRequest, IterationStats, RequestRejected, Step, Tokenizer
 from .trtllm_mapping import (
-    ENGINE_PARAMETERS_USED,
+    NOT_APPLIED_NVIDIA_PARAMETERS,
     executor_config,
     iteration_stats_from,
     step_from_response,
@@ -102,7 +102,7 @@ def orchestrator_worker_path(params: Params) -> str | None:
 
 def ignored_parameters(params: Params) -> list[str]:
     """NVIDIA parameters set in config.pbtxt that this executor does not act on (reported, never silent)."""
-    return sorted(key for key in NVIDIA_PARAMETERS - ENGINE_PARAMETERS_USED if params.is_set(key))
+    return sorted(key for key in NOT_APPLIED_NVIDIA_PARAMETERS if params.is_set(key))
 
 
 def load_tokenizer(params: Params) -> Tokenizer | None:

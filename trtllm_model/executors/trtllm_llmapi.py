@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..params import NVIDIA_PARAMETERS, ConfigError, Params
+from ..params import ConfigError, Params
 from .base import Executor, ExecutorError, FinishReason, GenerationRequest, RequestRejected, Step, Tokenizer
 from .trtllm_engine import import_tensorrt_llm
 from .trtllm_llmapi_mapping import (
-    LLMAPI_NVIDIA_PARAMETERS_USED,
+    ENGINE_ONLY_NVIDIA_PARAMETERS,
     LLMAPI_PARAMETERS,
     OutputState,
     kv_cache_kwargs,
@@ -28,6 +28,7 @@ from .trtllm_llmapi_mapping import (
     sampling_kwargs,
     steps_from_output,
 )
+from .trtllm_mapping import NOT_APPLIED_NVIDIA_PARAMETERS
 
 PARAMETERS = LLMAPI_PARAMETERS
 ENQUEUE_TIMEOUT_S = 60.0
@@ -168,7 +169,8 @@ def float_tensor(values: list[float]) -> Any:
 
 
 def ignored_parameters(params: Params) -> list[str]:
-    return sorted(key for key in NVIDIA_PARAMETERS - LLMAPI_NVIDIA_PARAMETERS_USED if params.is_set(key))
+    not_applied = NOT_APPLIED_NVIDIA_PARAMETERS | ENGINE_ONLY_NVIDIA_PARAMETERS
+    return sorted(key for key in not_applied if params.is_set(key))
 
 
 def create(params: Params) -> LlmApiExecutor:

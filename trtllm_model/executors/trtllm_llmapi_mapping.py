@@ -16,10 +16,12 @@ from .base import FinishReason, GenerationRequest, RequestRejected, Step, Tokeni
 # The LLM API's finish_reason strings ('stop' is split by stop_reason: None means the end token).
 FINISH_REASONS = {"length": FinishReason.LENGTH, "timeout": FinishReason.TIMED_OUT, "cancelled": FinishReason.CANCELLED}
 LLMAPI_PARAMETERS = frozenset({"hf_model_path", "llm_backend", "tensor_parallel_size", "pipeline_parallel_size"})
-LLMAPI_NVIDIA_PARAMETERS_USED = frozenset(
+# NVIDIA's engine-executor names that have no LLM API counterpart here (warned about when set).
+ENGINE_ONLY_NVIDIA_PARAMETERS = frozenset(
     {
-        "max_beam_width", "kv_cache_free_gpu_mem_fraction", "max_tokens_in_paged_kv_cache", "enable_kv_cache_reuse",
-        "enable_chunked_context", "kv_cache_host_memory_bytes", "exclude_input_in_output",
+        "gpt_model_path", "gpt_model_type", "batch_scheduler_policy", "max_attention_window_size", "sink_token_length",
+        "kv_cache_onboard_blocks", "normalize_log_probs", "gpu_device_ids", "participant_ids", "executor_worker_path",
+        "request_stats_max_iterations", "gpu_weights_percent", "recv_poll_period_ms",
     }
 )
 

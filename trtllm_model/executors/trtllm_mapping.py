@@ -31,15 +31,16 @@ FINISH_REASONS = {
 # What TensorRT-LLM writes in IterationStats.timestamp.
 STATS_TIMESTAMP_FORMAT = "%m-%d-%Y %H:%M:%S.%f"
 
-# NVIDIA parameters this executor reads; any other NVIDIA parameter that is set is reported as ignored.
-ENGINE_PARAMETERS_USED = frozenset(
+# NVIDIA parameters that configure parts of TensorRT-LLM these executors do not set up (LoRA, speculative and
+# guided decoding, ...): one that is set is named in a warning at load, never silently dropped.
+NOT_APPLIED_NVIDIA_PARAMETERS = frozenset(
     {
-        "gpt_model_path", "gpt_model_type", "max_beam_width", "batch_scheduler_policy",
-        "kv_cache_free_gpu_mem_fraction", "max_tokens_in_paged_kv_cache", "enable_kv_cache_reuse",
-        "enable_chunked_context", "max_attention_window_size", "sink_token_length", "kv_cache_host_memory_bytes",
-        "kv_cache_onboard_blocks", "normalize_log_probs", "gpu_device_ids", "participant_ids",
-        "iter_stats_max_iterations", "request_stats_max_iterations", "max_queue_size", "executor_worker_path",
-        "gpu_weights_percent", "recv_poll_period_ms", "tokenizer_dir", "exclude_input_in_output",
+        "decoding_mode", "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size",
+        "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes", "lora_prefetch_dir", "encoder_model_path",
+        "encoder_input_features_data_type", "medusa_choices", "eagle_choices", "enable_context_fmha_fp32_acc",
+        "multi_block_mode", "cuda_graph_mode", "cuda_graph_cache_size", "xgrammar_tokenizer_info_path",
+        "guided_decoding_backend", "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size",
+        "max_num_sequences",
     }
 )
 
