@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import time
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ from trtllm_model.executors.base import ExecutorError, FinishReason, GenerationR
 from trtllm_model.executors.trtllm_llmapi_mapping import (
     OutputState,
     finish_reason,
+    iteration_stats_from_json,
     kv_cache_kwargs,
     llm_kwargs,
     sampling_kwargs,
@@ -68,7 +70,9 @@ def test_parameters_map_onto_llm_keywords():
                     accepted={"hf_model_path", "tensor_parallel_size", "pipeline_parallel_size"})
     assert llm_kwargs(params) == {"model": "/m", "backend": "pytorch", "tensor_parallel_size": 2,
                                   "pipeline_parallel_size": 1, "max_batch_size": 32, "max_beam_width": 4,
-                                  "enable_chunked_prefill": True}
+                                  "enable_chunked_prefill": True, "enable_iter_perf_stats": True}
+    no_stats = Params({"hf_model_path": "/m", "iter_stats_max_iterations": "0"}, accepted={"hf_model_path"})
+    assert "enable_iter_perf_stats" not in llm_kwargs(no_stats)
     assert kv_cache_kwargs(params) == {"free_gpu_memory_fraction": 0.8, "max_tokens": 8192,
                                        "enable_block_reuse": False, "host_cache_size": 0}
 
@@ -273,3 +277,27 @@ def test_engine_only_parameters_are_named_in_a_warning(trtllm, tmp_path, caplog)
     created.shutdown()
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == ["executor=trtllm_llmapi ignores these set parameters: batch_scheduler_policy, gpt_model_path"]
+
+
+def test_iteration_stats_from_the_llm_json():
+    entry = {"timestamp": "12-02-2026 12:00:01.250000", "iter": 9, "numActiveRequests": 2, "numQueuedRequests": 1,
+             "maxNumActiveRequests": 64, "gpuMemUsage": 7, "cpuMemUsage": 8, "pinnedMemUsage": 9,
+             "kvCacheStats": {"maxNumBlocks": 10, "freeNumBlocks": 4, "usedNumBlocks": 6, "tokensPerBlock": 32},
+             "inflightBatchingStats": {"numScheduledRequests": 2, "numContextRequests": 1, "numGenRequests": 1,
+                                       "numPausedRequests": 0, "numCtxTokens": 50, "microBatchId": 0}}
+    for stats in (entry, json.dumps(entry)):
+        mapped = iteration_stats_from_json(stats)
+        assert (mapped.iteration, mapped.active_requests, mapped.queued_requests, mapped.max_active_requests) == (
+            9, 2, 1, 64)
+        assert (mapped.scheduled_requests, mapped.context_requests, mapped.context_tokens) == (2, 1, 50)
+        assert (mapped.gpu_mem_bytes, mapped.kv_cache.used_blocks, mapped.kv_cache.tokens_per_block) == (7, 6, 32)
+        assert mapped.timestamp % 60 == pytest.approx(1.25)
+
+
+def test_iteration_stats_only_after_the_first_request(executor, capsys):
+    assert executor.iteration_stats() == []
+    assert "not available" not in capsys.readouterr().out  # the LLM API's warning is not triggered
+    collect_until_final(executor, {executor.enqueue(GenerationRequest([1000], 3))})
+    stats = executor.iteration_stats()
+    assert stats and stats[-1].kv_cache is not None and stats[-1].max_active_requests == 8
+    assert executor.iteration_stats() == []

@@ -17,12 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from ..params import ConfigError, Params
-from .base import Executor, ExecutorError, FinishReason, GenerationRequest, RequestRejected, Step, Tokenizer
+from .base import (
+    Executor,
+    ExecutorError,
+    FinishReason,
+    GenerationRequest,
+    IterationStats,
+    RequestRejected,
+    Step,
+    Tokenizer,
+)
 from .trtllm_engine import import_tensorrt_llm
 from .trtllm_llmapi_mapping import (
     ENGINE_ONLY_NVIDIA_PARAMETERS,
     LLMAPI_PARAMETERS,
     OutputState,
+    iteration_stats_from_json,
     kv_cache_kwargs,
     llm_kwargs,
     sampling_kwargs,
@@ -32,6 +42,7 @@ from .trtllm_mapping import NOT_APPLIED_NVIDIA_PARAMETERS
 
 PARAMETERS = LLMAPI_PARAMETERS
 ENQUEUE_TIMEOUT_S = 60.0
+STATS_TIMEOUT_S = 0.01
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +64,7 @@ class LlmApiExecutor(Executor):
         self._ready: list[Step] = []
         self._live: dict[int, _Live] = {}  # touched only on the loop thread
         self._closed = False
+        self._enqueued_any = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-llmapi-loop", daemon=True)
         self._thread.start()
@@ -72,6 +84,7 @@ class LlmApiExecutor(Executor):
             raise RequestRejected(f"TensorRT-LLM rejected the request: {exc}") from exc
         except Exception as exc:
             raise ExecutorError(f"TensorRT-LLM generate_async failed: {exc}") from exc
+        self._enqueued_any = True
         return request_id
 
     def await_steps(self, timeout_s: float) -> list[Step]:
@@ -99,6 +112,15 @@ class LlmApiExecutor(Executor):
         self._llm.shutdown()
         with self._cond:
             self._cond.notify_all()
+
+    def iteration_stats(self) -> list[IterationStats]:
+        if self._closed or not self._enqueued_any:
+            return []  # the LLM API has no stats before the first request (and says so loudly)
+        try:
+            return [iteration_stats_from_json(stats) for stats in self._llm.get_stats(timeout=STATS_TIMEOUT_S)]
+        except Exception as exc:  # noqa: BLE001 - stats are best effort; serving goes on
+            log.warning("LLM.get_stats failed: %s", exc)
+            return []
 
     def health_error(self) -> str | None:
         if not self._closed and not self._thread.is_alive():

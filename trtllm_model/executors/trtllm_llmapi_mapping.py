@@ -6,12 +6,15 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..params import ConfigError, Params
-from .base import FinishReason, GenerationRequest, RequestRejected, Step, Tokenizer
+from .base import FinishReason, GenerationRequest, IterationStats, KvCacheStats, RequestRejected, Step, Tokenizer
+from .trtllm_mapping import stats_timestamp
 
 # The LLM API's finish_reason strings ('stop' is split by stop_reason: None means the end token).
 FINISH_REASONS = {"length": FinishReason.LENGTH, "timeout": FinishReason.TIMED_OUT, "cancelled": FinishReason.CANCELLED}
@@ -47,10 +50,13 @@ def llm_kwargs(params: Params) -> dict[str, Any]:
         raise ConfigError("parameter hf_model_path: required for executor=trtllm_llmapi; set it to a Hugging Face "
                           "checkpoint directory (config.json + weights), e.g. --set hf_model_path=/models/llama")
     backend = params.str("llm_backend", "pytorch", choices=("pytorch", "_autodeploy"))
+    # The PyTorch backend records iteration stats (the metrics' source) only when asked to.
+    stats = params.int("iter_stats_max_iterations", minimum=0) != 0
     return dict(
         model=model,
         backend=backend,
         **_set_only(
+            enable_iter_perf_stats=True if stats else None,
             tensor_parallel_size=params.int("tensor_parallel_size", minimum=1),
             pipeline_parallel_size=params.int("pipeline_parallel_size", minimum=1),
             max_batch_size=params.int("max_batch_size", minimum=1),
@@ -189,3 +195,35 @@ def steps_from_output(request_id: int, output: Any, state: OutputState) -> list[
         steps[-1].is_final = True
         state.final_sent = True
     return steps
+
+
+def _kv_cache_stats(kv: dict | None) -> KvCacheStats | None:
+    if not kv:
+        return None
+    return KvCacheStats(max_blocks=kv.get("maxNumBlocks", 0), free_blocks=kv.get("freeNumBlocks", 0),
+                        used_blocks=kv.get("usedNumBlocks", 0), tokens_per_block=kv.get("tokensPerBlock", 0))
+
+
+def iteration_stats_from_json(stats: dict | str) -> IterationStats:
+    """One entry of `LLM.get_stats()` (IterationStats as JSON: camelCase keys, or the JSON text) -> IterationStats."""
+    if isinstance(stats, str):
+        stats = json.loads(stats)
+    batching = stats.get("inflightBatchingStats") or stats.get("staticBatchingStats") or {}
+    timestamp = stats.get("timestamp")
+    return IterationStats(
+        timestamp=stats_timestamp(timestamp) if isinstance(timestamp, str) else time.time(),
+        iteration=stats.get("iter", 0),
+        active_requests=stats.get("numActiveRequests", 0),
+        queued_requests=stats.get("numQueuedRequests", 0),
+        max_active_requests=stats.get("maxNumActiveRequests", 0),
+        scheduled_requests=batching.get("numScheduledRequests"),
+        context_requests=batching.get("numContextRequests"),
+        generation_requests=batching.get("numGenRequests"),
+        context_tokens=batching.get("numCtxTokens"),
+        paused_requests=batching.get("numPausedRequests"),
+        micro_batch_id=batching.get("microBatchId"),
+        cpu_mem_bytes=stats.get("cpuMemUsage"),
+        gpu_mem_bytes=stats.get("gpuMemUsage"),
+        pinned_mem_bytes=stats.get("pinnedMemUsage"),
+        kv_cache=_kv_cache_stats(stats.get("kvCacheStats")),
+    )

@@ -191,7 +191,8 @@ def step_from_response(response: Any) -> Step:
     return step
 
 
-def _stats_timestamp(text: str) -> float:
+def stats_timestamp(text: str) -> float:
+    """IterationStats.timestamp (local time text) -> seconds since the epoch."""
     try:
         return datetime.strptime(text, STATS_TIMESTAMP_FORMAT).timestamp()
     except (TypeError, ValueError):
@@ -203,7 +204,7 @@ def iteration_stats_from(stats: Any) -> IterationStats:
     batching = stats.inflight_batching_stats or stats.static_batching_stats
     kv = stats.kv_cache_stats
     return IterationStats(
-        timestamp=_stats_timestamp(stats.timestamp),
+        timestamp=stats_timestamp(stats.timestamp),
         iteration=stats.iter,
         active_requests=stats.num_active_requests,
         queued_requests=stats.num_queued_requests,

@@ -226,7 +226,10 @@ class LLM:
         self._tokenizer = None if skip_tokenizer_init else FakeTokenizer()
         self._ids = itertools.count(1)
         self._outputs: dict[int, RequestOutput] = {}
-        self._engine = FakeEngine(self.vocab_size, int(kwargs.get("max_batch_size") or 8), self._on_update, 0)
+        keep_stats = 1000 if kwargs.get("enable_iter_perf_stats") else 0  # the PyTorch backend keeps none otherwise
+        self._max_batch_size = int(kwargs.get("max_batch_size") or 8)
+        self._engine = FakeEngine(self.vocab_size, self._max_batch_size, self._on_update, keep_stats)
+        self._submitted = False
 
     @property
     def tokenizer(self) -> FakeTokenizer | None:
@@ -287,7 +290,31 @@ class LLM:
         with self._engine.cond:
             self._outputs[request_id] = output
         self._engine.submit(job)
+        self._submitted = True
         return output
+
+    def get_stats(self, timeout: float) -> list[dict]:
+        """Iteration stats since the last call, as the runtime's JSON dicts (camelCase keys)."""
+        if not self._submitted:
+            print("Iteration statistics are not available yet. Call get_stats() after prompts have been submitted.")
+            return []
+        with self._engine.cond:
+            raw = list(self._engine.stats)
+            self._engine.stats.clear()
+        return [
+            {
+                "timestamp": stat.timestamp, "iter": stat.iteration, "numActiveRequests": stat.active,
+                "numQueuedRequests": stat.queued, "maxNumActiveRequests": stat.max_active, "gpuMemUsage": 1 << 30,
+                "cpuMemUsage": 1 << 20, "pinnedMemUsage": 0,
+                "kvCacheStats": {"maxNumBlocks": 1024, "freeNumBlocks": 1024 - 2 * stat.active,
+                                 "usedNumBlocks": 2 * stat.active, "tokensPerBlock": 32},
+                "inflightBatchingStats": {"numScheduledRequests": stat.active, "numContextRequests":
+                                          stat.context_requests, "numGenRequests": stat.generation_requests,
+                                          "numPausedRequests": 0, "numCtxTokens": stat.context_tokens,
+                                          "microBatchId": 0},
+            }
+            for stat in raw
+        ]
 
     def _encode_words(self, words: str | list[str] | None) -> list[list[int]]:
         if words is None:
