@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -86,7 +87,7 @@ class StreamClient:
         try:
             for message in self._call:
                 response = message.infer_response
-                target = self.results.get(response.id)
+                target = self.results.get(response.id or _id_in_message(message.error_message))
                 if target is None:
                     continue
                 if message.error_message:
@@ -126,3 +127,9 @@ def stream_once(url: str, model: str, inputs, timeout_s: float = 60.0, parameter
         return client.send(model, inputs, "only", parameters).wait(timeout_s)
     finally:
         client.close()
+
+
+def _id_in_message(message: str) -> str:
+    # Triton's own refusals (e.g. its queue) carry the id only in the message: "[request id: X] ...".
+    match = re.match(r"\[request id: ([^\]]+)\]", message)
+    return match.group(1) if match else ""

@@ -63,6 +63,7 @@ class TritonPythonModel:
             max_open_requests=_max_open_requests(model_config, params),
             on_failure=self._report_not_ready,
             on_finished=self.metrics.record_finished,
+            still_serving=self._still_serving,
         )
         self.metrics.start()
         self.poller.start()
@@ -92,6 +93,16 @@ class TritonPythonModel:
     def is_ready(self) -> bool:
         """Readiness for servers that ask the model (Triton 26.03+): not ready once the executor has failed."""
         return self.poller.failure is None
+
+    def _still_serving(self) -> bool:
+        """False once Triton is unloading this model or stopping (the poller then ends every open stream)."""
+        try:
+            return pb_utils.is_model_ready(self.model_name)
+        except pb_utils.TritonModelException as exc:
+            # While the server stops it answers "Server not ready" instead of the model's state.
+            if "not ready" in str(exc):
+                return False
+            raise
 
     def _report_not_ready(self, reason: str) -> None:
         # Servers before 26.03 never call is_ready(); the one way to stop reporting READY there is to unload
@@ -138,7 +149,7 @@ class TritonPythonModel:
 def _max_open_requests(model_config: dict, params: Params) -> int | None:
     """Requests the model holds at once: the executor's batch plus NVIDIA's `max_queue_size` (0 = unbounded)."""
     policy = model_config.get("dynamic_batching", {}).get("default_queue_policy", {})
-    queue_size = int(policy.get("max_queue_size", 0) or 0) or params.int("max_queue_size", 0, minimum=0)
+    queue_size = params.int("max_queue_size", 0, minimum=0) or int(policy.get("max_queue_size", 0) or 0)
     if not queue_size:
         return None
     return params.int("max_batch_size", 64, minimum=1) + queue_size

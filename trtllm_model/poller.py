@@ -49,6 +49,7 @@ class Poller:
         max_open_requests: int | None = None,
         on_finished: Callable[[RequestContext], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
+        still_serving: Callable[[], bool] | None = None,
     ) -> None:
         self.executor = executor
         self.detokenizer_factory = detokenizer_factory
@@ -57,6 +58,7 @@ class Poller:
         self.max_open_requests = max_open_requests
         self.on_finished = on_finished
         self.on_failure = on_failure
+        self.still_serving = still_serving
         self.failure: str | None = None
         self._lock = threading.Condition()
         self._open: dict[int, RequestContext] = {}
@@ -266,7 +268,7 @@ class Poller:
         if streaming:
             outputs = None
             text = self._text_delta(ctx, new_tokens, final)
-            if new_tokens or last.beams is not None or text:
+            if new_tokens or last.beams is not None or text or (final and ctx.parsed.wants_final_outputs):
                 outputs = self._outputs(ctx, new_tokens, text, new_log_probs, last)
             if last.finish_reason is FinishReason.CANCELLED and final:
                 if outputs is not None:
@@ -352,4 +354,22 @@ class Poller:
                         self._cancel(ctx)
                 except Exception:
                     log.debug("is_cancelled failed", exc_info=True)
+            self._check_still_serving()
             time.sleep(self.cancel_check_s)
+
+    def _check_still_serving(self) -> None:
+        # Triton unloads a decoupled model only after every open request got its final response, and calls
+        # finalize() after that: a shutdown with streams open would wait forever. So while streams are open,
+        # watch for the unload to begin and end them first.
+        if self.still_serving is None or not self._accepting:
+            return
+        try:
+            serving = self.still_serving()
+        except Exception:
+            log.debug("still_serving check failed", exc_info=True)
+            return
+        if not serving:
+            log.warning("model is being unloaded: ending %d open streams", self.open_requests)
+            with self._lock:
+                self._accepting = False
+            self._fail_all(ErrorCode.UNAVAILABLE, "model is shutting down")

@@ -1,0 +1,351 @@
+"""Never hang, never lose a request: cancellation, bad input, overload, executor failure, shutdown, deadlines.
+
+Every test runs against a real tritonserver with the synthetic executor (fault injection through the request
+parameters `synthetic_fault_*`). Error responses reach clients as messages that start with the Triton error code
+(Triton 2.51 passes only the message through gRPC streams and HTTP generate).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from conftest import start_server
+from triton_client import StreamClient, stream_once, tensor, text_inputs, token_inputs
+
+from trtllm_model.executors.synthetic import synthetic_token
+
+pytestmark = pytest.mark.e2e
+
+STEP_MS = 10
+SLOTS = 4
+
+
+def expected(ids, count):
+    return [synthetic_token(ids, i, 32000) for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """Synthetic executor with only SLOTS batch slots: a request that is not cancelled keeps its slot busy."""
+    server = start_server(
+        tmp_path_factory.mktemp("reliability"),
+        parameters={"max_batch_size": str(SLOTS), "synthetic_step_ms": str(STEP_MS)},
+    )
+    yield server
+    server.stop()
+
+
+def first_token_delay(server, ids=(5,)) -> float:
+    """Seconds until a new request's first token: long only if every batch slot is still held."""
+    client = StreamClient(server.grpc_url)
+    try:
+        started = time.monotonic()
+        result = client.send("tensorrt_llm", token_inputs(list(ids), 1), "probe")
+        result.wait(30)
+        assert result.errors == [] and result.tokens() == expected(list(ids), 1)
+        return time.monotonic() - started
+    finally:
+        client.close()
+
+
+def fill_slots(server, count=SLOTS):
+    """Start `count` endless requests, each on its own gRPC stream, and wait for their first tokens."""
+    clients, results = [], []
+    for i in range(count):
+        client = StreamClient(server.grpc_url)
+        clients.append(client)
+        results.append(client.send("tensorrt_llm", token_inputs([i], 4000), f"long{i}"))
+    deadline = time.monotonic() + 10
+    while not all(r.responses for r in results):
+        assert time.monotonic() < deadline, "long requests never started"
+        time.sleep(0.01)
+    return clients, results
+
+
+def assert_slots_free(server, within_s=0.2):
+    delay = first_token_delay(server)
+    assert delay < within_s + 3 * STEP_MS / 1000, f"first token after {delay:.3f} s: a batch slot leaked"
+
+
+# -- 1. cancellation ---------------------------------------------------------------------------------------------
+
+
+def test_cancelling_grpc_streams_frees_the_executor_within_200_ms(server):
+    clients, _ = fill_slots(server)
+    for client in clients:
+        client.cancel()  # stop_stream(cancel_requests=True) does exactly this
+    # Every slot is busy until the executor is told: the probe's first token shows when that happened.
+    assert_slots_free(server, within_s=0.2)
+
+
+def test_cancelling_one_stream_leaves_the_others_running(server):
+    clients, results = fill_slots(server, 2)
+    clients[0].cancel()
+    time.sleep(0.3)
+    before = len(results[1].tokens())
+    time.sleep(0.2)
+    assert len(results[1].tokens()) > before, "the other stream stopped receiving tokens"
+    clients[1].cancel()
+    assert_slots_free(server)
+
+
+def test_stop_input_cancels_the_request_with_that_id_and_its_client_gets_cancelled(server):
+    victim_client, stopper = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
+    try:
+        victim = victim_client.send("tensorrt_llm", token_inputs([1], 4000), "victim-1")
+        time.sleep(0.1)
+        stop = stopper.send("tensorrt_llm", [tensor("stop", True, np.bool_)], "victim-1").wait(5)
+        assert stop.errors == [] and stop.finals == 1
+        victim.wait(1)
+        assert victim.finals == 1 and victim.errors and victim.errors[0].startswith("CANCELLED")
+        assert victim.tokens() == expected([1], len(victim.tokens()))  # what arrived before is intact
+    finally:
+        victim_client.close()
+        stopper.close()
+    assert_slots_free(server)
+
+
+def test_stop_for_an_unknown_id_is_invalid_arg(server):
+    result = stream_once(server.grpc_url, "tensorrt_llm", [tensor("stop", True, np.bool_)])
+    assert result.errors and result.errors[0].startswith("INVALID_ARG") and "stop" in result.errors[0]
+
+
+def test_http_client_disconnecting_from_generate_stream_frees_its_slot(server):
+    connections = []
+    for i in range(SLOTS):
+        connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+        body = json.dumps({"input_ids": [i], "request_output_len": 4000, "streaming": True})
+        connection.request("POST", "/v2/models/tensorrt_llm/generate_stream", body)
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.readline().startswith(b"data:")
+        connections.append(connection)
+    for connection in connections:
+        connection.sock.close()
+        connection.close()
+    assert_slots_free(server, within_s=0.3)
+
+
+def test_200_streams_cancelled_at_random_points_leak_nothing(server):
+    rng = random.Random(7)
+    clients = []
+    for i in range(200):
+        client = StreamClient(server.grpc_url)
+        client.send("tensorrt_llm", token_inputs([i], rng.randint(1, 400)), f"c{i}")
+        clients.append(client)
+        if rng.random() < 0.5:
+            time.sleep(rng.random() * 0.01)
+        victim = clients.pop(rng.randrange(len(clients)))
+        (victim.cancel if rng.random() < 0.8 else victim.close)()
+    for client in clients:
+        client.cancel()
+    time.sleep(0.5)
+    assert_slots_free(server)
+    # ...and the server still serves full requests.
+    assert stream_once(server.grpc_url, "tensorrt_llm", token_inputs([3], 30)).tokens() == expected([3], 30)
+
+
+# -- 2. bad input ------------------------------------------------------------------------------------------------
+
+I32, F32, B, U64, S = np.int32, np.float32, np.bool_, np.uint64, np.object_
+
+
+def ids_and_len(ids=(1, 2), length=4):
+    return [tensor("input_ids", [list(ids)], I32), tensor("request_output_len", length, I32)]
+
+
+BAD_REQUESTS = [
+    # (name, model, inputs, parameters, words the message must contain)
+    ("no prompt", "tensorrt_llm", [tensor("request_output_len", 4, I32)], None, ["input_ids or text_input"]),
+    ("no length", "tensorrt_llm", [tensor("input_ids", [[1]], I32)], None, ["request_output_len"]),
+    ("empty prompt", "tensorrt_llm", [tensor("input_ids", np.zeros((1, 0), I32), I32), tensor("request_output_len", 4, I32)], None, ["input_ids"]),
+    ("prompt over limit", "tensorrt_llm", ids_and_len(range(1, 5000)), None, ["max_input_len"]),
+    ("zero tokens", "tensorrt_llm", ids_and_len(length=0), None, ["request_output_len"]),
+    ("negative tokens", "tensorrt_llm", ids_and_len(length=-3), None, ["request_output_len"]),
+    ("tokens over cap", "tensorrt_llm", ids_and_len(length=5000), None, ["request_output_len", "4096"]),
+    ("token id over vocab", "tensorrt_llm", ids_and_len([1, 40000]), None, ["input_ids", "40000"]),
+    ("negative token id", "tensorrt_llm", ids_and_len([-1]), None, ["input_ids", "-1"]),
+    ("negative temperature", "tensorrt_llm", ids_and_len() + [tensor("temperature", -1.0, F32)], None, ["temperature"]),
+    ("NaN temperature", "tensorrt_llm", ids_and_len() + [tensor("temperature", np.nan, F32)], None, ["temperature"]),
+    ("top_p zero", "tensorrt_llm", ids_and_len() + [tensor("runtime_top_p", 0.0, F32)], None, ["runtime_top_p"]),
+    ("top_p over one", "tensorrt_llm", ids_and_len() + [tensor("runtime_top_p", 1.5, F32)], None, ["runtime_top_p"]),
+    ("negative top_k", "tensorrt_llm", ids_and_len() + [tensor("runtime_top_k", -2, I32)], None, ["runtime_top_k"]),
+    ("infinite penalty", "tensorrt_llm", ids_and_len() + [tensor("presence_penalty", np.inf, F32)], None, ["presence_penalty"]),
+    ("zero repetition penalty", "tensorrt_llm", ids_and_len() + [tensor("repetition_penalty", 0.0, F32)], None, ["repetition_penalty"]),
+    ("negative min_tokens", "tensorrt_llm", ids_and_len() + [tensor("min_tokens", -1, I32)], None, ["min_tokens"]),
+    ("negative end_id", "tensorrt_llm", ids_and_len() + [tensor("end_id", -5, I32)], None, ["end_id"]),
+    ("zero beam width", "tensorrt_llm", ids_and_len() + [tensor("beam_width", 0, I32)], None, ["beam_width"]),
+    ("zero sequences", "tensorrt_llm", ids_and_len() + [tensor("num_return_sequences", 0, I32)], None, ["num_return_sequences"]),
+    ("input_lengths zero", "tensorrt_llm", ids_and_len() + [tensor("input_lengths", 0, I32)], None, ["input_lengths"]),
+    ("input_lengths too long", "tensorrt_llm", ids_and_len() + [tensor("input_lengths", 9, I32)], None, ["input_lengths"]),
+    ("stop words offsets", "tensorrt_llm", ids_and_len() + [tensor("stop_words_list", [[[1, 2], [5, -1]]], I32)], None, ["stop_words_list"]),
+    ("bad words shape", "tensorrt_llm", ids_and_len() + [tensor("bad_words_list", [[[1, 2, 3]]], I32)], None, ["bad_words_list"]),
+    ("text and tokens", "tensorrt_llm", ids_and_len() + [tensor("text_input", [[b"hi"]], S)], None, ["text_input", "input_ids"]),
+    ("unknown parameter", "tensorrt_llm", ids_and_len(), {"tempreture": 0.5}, ["tempreture"]),
+    ("batch of two", "tensorrt_llm", [tensor("input_ids", [[1, 2], [3, 4]], I32), tensor("request_output_len", [[4], [4]], I32)], None, ["batch size 2"]),
+    ("two lengths", "tensorrt_llm", [tensor("input_ids", [[1]], I32), tensor("request_output_len", [[4, 5]], I32)], None, ["request_output_len"]),
+    ("wrong dtype", "tensorrt_llm", [tensor("input_ids", [[1.0]], F32), tensor("request_output_len", 4, I32)], None, ["input_ids"]),
+    ("bool as int", "tensorrt_llm", ids_and_len() + [tensor("streaming", 1, I32)], None, ["streaming"]),
+    ("invalid UTF-8", "ensemble", [tensor("text_input", [[b"\xff\xfe"]], S), tensor("max_tokens", 4, I32)], None, ["text_input", "UTF-8"]),
+    ("empty text", "ensemble", [tensor("text_input", [[b""]], S), tensor("max_tokens", 4, I32)], None, ["text_input", "empty"]),
+    ("text zero tokens", "ensemble", text_inputs("hi", 0), None, ["max_tokens"]),
+    ("unknown input", "tensorrt_llm", ids_and_len() + [tensor("temprature", 1.0, F32)], None, ["temprature"]),
+]
+
+
+def test_at_least_30_bad_requests_are_refused_naming_the_field_and_the_server_keeps_serving(server):
+    assert len(BAD_REQUESTS) >= 30
+    client = StreamClient(server.grpc_url)
+    try:
+        results = {
+            name: client.send(model, inputs, f"bad-{i}", parameters)
+            for i, (name, model, inputs, parameters, _) in enumerate(BAD_REQUESTS)
+        }
+        for name, _, _, _, words in BAD_REQUESTS:
+            result = results[name].wait(10)
+            assert result.errors and result.responses == [], f"{name}: not refused"
+            message = result.errors[0]
+            for word in words:
+                assert word in message, f"{name}: {message!r} does not name {word!r}"
+            if message.split(":")[0].isupper():  # ours; the rest are Triton's own (INVALID_ARG) refusals
+                assert message.split(":")[0] in ("INVALID_ARG", "UNSUPPORTED"), f"{name}: {message}"
+    finally:
+        client.close()
+    assert urllib.request.urlopen(f"{server.http_url}/v2/models/tensorrt_llm/ready").status == 200
+    assert stream_once(server.grpc_url, "tensorrt_llm", token_inputs([9], 5)).tokens() == expected([9], 5)
+
+
+def test_unsupported_beam_width_is_unsupported(server):
+    result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1], 4, beam_width=(4, I32)))
+    assert result.errors[0].startswith("UNSUPPORTED") and "beam_width" in result.errors[0]
+
+
+# -- 7. deadline -------------------------------------------------------------------------------------------------
+
+
+def test_allotted_time_ends_the_request_with_its_tokens_and_reason_timeout(server):
+    inputs = token_inputs([2], 4000, allotted_time_ms=(200, I32), return_finish_reason=(True, B))
+    started = time.monotonic()
+    result = stream_once(server.grpc_url, "tensorrt_llm", inputs)
+    assert time.monotonic() - started < 1.0
+    assert result.errors == [] and result.finals == 1
+    assert 5 <= len(result.tokens()) <= 40 and result.tokens() == expected([2], len(result.tokens()))
+    reasons = [r.as_numpy("finish_reason") for r in result.responses if r.as_numpy("finish_reason") is not None]
+    assert reasons and reasons[-1].reshape(-1)[0] == b"timeout"
+
+
+# -- 3. overload -------------------------------------------------------------------------------------------------
+
+
+def test_past_the_queue_bound_requests_get_unavailable_at_once_and_accepted_ones_complete(tmp_path):
+    server = start_server(
+        tmp_path,
+        parameters={"max_batch_size": "2", "synthetic_step_ms": "20", "max_queue_size": "4"},
+    )
+    try:
+        client = StreamClient(server.grpc_url)
+        started = time.monotonic()
+        results = [client.send("tensorrt_llm", token_inputs([i], 20), f"o{i}") for i in range(12)]
+        refused, accepted = [], []
+        for i, result in enumerate(results):
+            result.wait(30)
+            (refused if result.errors else accepted).append((i, result))
+        assert len(accepted) == 6 and len(refused) == 6
+        for _, result in refused:
+            assert result.errors[0].startswith("UNAVAILABLE") and "max_queue_size" in result.errors[0]
+        for i, result in accepted:
+            assert result.tokens() == expected([i], 20) and result.finals == 1
+        assert time.monotonic() - started < 5
+        client.close()
+    finally:
+        server.stop()
+
+
+# -- 4. executor failure -----------------------------------------------------------------------------------------
+
+
+def test_executor_crash_ends_every_stream_within_1_s_and_the_model_reports_not_ready(tmp_path):
+    server = start_server(tmp_path)
+    try:
+        client = StreamClient(server.grpc_url)
+        victims = [client.send("tensorrt_llm", token_inputs([i], 4000), f"v{i}") for i in range(10)]
+        time.sleep(0.2)
+        crash = client.send("tensorrt_llm", token_inputs([1], 4000), "crash", {"synthetic_fault_crash_at": 3})
+        crash.wait(2)
+        crashed_at = time.monotonic()
+        for result in victims + [crash]:
+            assert result.done.wait(max(0.0, crashed_at + 1.0 - time.monotonic())), "a stream was left hanging"
+            assert result.finals == 1 and result.errors[0].startswith("UNAVAILABLE: executor failed")
+        # New work is refused while Triton unloads the model, then Triton itself refuses the unknown model.
+        late = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1], 3))
+        assert late.errors and ("UNAVAILABLE" in late.errors[0] or "no available versions" in late.errors[0])
+        grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+        deadline = time.monotonic() + 10
+        while grpc_client.is_model_ready("tensorrt_llm"):
+            assert time.monotonic() < deadline, "model still reports ready with a dead executor"
+            time.sleep(0.1)
+        # The operator's way back: load it again.
+        grpc_client.load_model("tensorrt_llm")
+        assert stream_once(server.grpc_url, "tensorrt_llm", token_inputs([4], 3)).tokens() == expected([4], 3)
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_an_error_step_ends_only_its_own_request(server):
+    client = StreamClient(server.grpc_url)
+    try:
+        ok = client.send("tensorrt_llm", token_inputs([6], 40), "fine")
+        bad = client.send("tensorrt_llm", token_inputs([7], 40), "broken", {"synthetic_fault_error_at": 5})
+        assert bad.wait(5).errors[0].startswith("INTERNAL") and bad.tokens() == expected([7], 5)
+        assert ok.wait(5).tokens() == expected([6], 40)
+    finally:
+        client.close()
+
+
+# -- 6. shutdown -------------------------------------------------------------------------------------------------
+
+
+def _open_streams(server, count):
+    client = StreamClient(server.grpc_url)
+    results = [client.send("tensorrt_llm", token_inputs([i], 4000), f"s{i}") for i in range(count)]
+    deadline = time.monotonic() + 10
+    while not all(r.responses for r in results):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return client, results
+
+
+def test_unloading_the_model_ends_50_streams_with_unavailable(tmp_path):
+    server = start_server(tmp_path, parameters={"max_batch_size": "64"})
+    try:
+        client, results = _open_streams(server, 50)
+        grpcclient.InferenceServerClient(server.grpc_url).unload_model("tensorrt_llm")
+        for result in results:
+            assert result.done.wait(10)
+            assert result.finals == 1 and result.errors == ["UNAVAILABLE: model is shutting down"]
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_stopping_the_server_ends_50_streams_before_it_exits(tmp_path):
+    server = start_server(tmp_path, parameters={"max_batch_size": "64"})
+    client, results = _open_streams(server, 50)
+    stopped = threading.Event()
+    threading.Thread(target=lambda: (server.stop(), stopped.set()), daemon=True).start()
+    for result in results:
+        assert result.done.wait(20)
+        assert result.finals == 1 and result.errors == ["UNAVAILABLE: model is shutting down"]
+    assert not stopped.is_set()
+    # A client holding its gRPC stream open keeps Triton from unloading; done with its requests, it closes it.
+    client.close()
+    assert stopped.wait(30) and server.process.returncode == 0
