@@ -16,6 +16,9 @@ import torch
 
 from ..executors.base import GenerationRequest
 
+# Top-p alone first looks among this many best tokens (exact: it sorts everything when they hold too little).
+TOP_P_CANDIDATES = 256
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -115,19 +118,28 @@ def _apply_penalties_and_bans(row: torch.Tensor, state: SamplingState) -> None:
         row[torch.tensor(banned, dtype=torch.long, device=row.device)] = float("-inf")
 
 
-def _cut_top_k_top_p(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Logits outside the top k / the smallest set with probability >= top_p become -inf (the best one stays)."""
-    if top_k:
-        kth = torch.topk(row, top_k).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(row, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token when the tokens before it already reach top_p.
-        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        row = row.masked_fill(drop, float("-inf"))
-    return row
+def _sample_row(row: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[int, float]:
+    """Sample one token from one row of logits; returns it with its log prob after temperature."""
+    scaled = row / params.temperature
+    log_total = torch.logsumexp(scaled, 0)
+    # Cut to candidates sorted by logit: top-k, or for top-p alone the few best tokens when they already hold
+    # top_p of the probability (the usual case), which spares sorting the whole vocabulary.
+    if params.top_k:
+        values, ids = torch.topk(scaled, params.top_k)
+    elif params.top_p < 1.0:
+        values, ids = torch.topk(scaled, min(TOP_P_CANDIDATES, scaled.numel()))
+        if float((values - log_total).exp().sum()) < params.top_p:
+            values, ids = torch.sort(scaled, descending=True)
+    else:
+        values, ids = scaled, None
+    # Within top-k, top-p applies to the renormalised distribution (as in Hugging Face); alone, to the full one.
+    probs = (values - (torch.logsumexp(values, 0) if params.top_k else log_total)).exp()
+    if params.top_p < 1.0:
+        before = probs.cumsum(0) - probs  # probability of the better tokens
+        probs = probs[: max(1, int((before < params.top_p).sum()))]
+    choice = int(torch.multinomial(probs, 1, generator=generator))
+    token = int(ids[choice]) if ids is not None else choice
+    return token, float(scaled[token] - log_total)
 
 
 def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tuple[list[int], list[float | None]]:
@@ -139,16 +151,17 @@ def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tup
                 _apply_penalties_and_bans(logits[row], state)
     tokens = logits.argmax(-1).tolist()  # the greedy rows' answer; sampling rows are overwritten below
     log_probs: list[float | None] = [None] * len(states)
+    greedy_rows = [row for row, state in enumerate(states) if state.params.greedy and state.params.log_probs]
+    if greedy_rows:
+        index = torch.tensor(greedy_rows, device=logits.device)
+        chosen = torch.tensor([tokens[row] for row in greedy_rows], device=logits.device)
+        values = torch.log_softmax(logits[index], -1).gather(1, chosen[:, None])[:, 0].tolist()
+        for row, value in zip(greedy_rows, values):
+            log_probs[row] = value
     for row, state in enumerate(states):
-        params = state.params
-        if params.greedy:
-            if params.log_probs:
-                log_probs[row] = float(torch.log_softmax(logits[row], -1)[tokens[row]])
-            continue
-        scaled = logits[row] / params.temperature
-        cut = _cut_top_k_top_p(scaled, params.top_k, params.top_p)
-        token = int(torch.multinomial(cut.softmax(-1), 1, generator=state.generator))
-        tokens[row] = token
-        if params.log_probs:
-            log_probs[row] = float(torch.log_softmax(scaled, -1)[token])
+        if not state.params.greedy:
+            token, log_prob = _sample_row(logits[row], state.params, state.generator)
+            tokens[row] = token
+            if state.params.log_probs:
+                log_probs[row] = log_prob
     return tokens, log_probs
