@@ -81,7 +81,7 @@ def test_checkpoint_errors_name_the_cause_and_the_fix(trtllm, tmp_path):
     with pytest.raises(ConfigError, match="hf_model_path: required"):
         create_executor({"executor": "trtllm_llmapi"})
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="no config.json.*huggingface-cli download"):
+    with pytest.raises(ConfigError, match="no config.json.*hf download"):
         create_executor({"executor": "trtllm_llmapi", "hf_model_path": str(tmp_path / "empty")})
 
 

@@ -200,7 +200,7 @@ def create(params: Params) -> LlmApiExecutor:
     checkpoint = Path(kwargs["model"])
     if not (checkpoint / "config.json").is_file():
         raise ConfigError(f"parameter hf_model_path={checkpoint}: no config.json there, so not a Hugging Face "
-                          "checkpoint; download the model (huggingface-cli download <repo> --local-dir DIR) and mount "
+                          "checkpoint; download the model (hf download <repo> --local-dir DIR) and mount "
                           "DIR, or check the path and file permissions")
     ignored = ignored_parameters(params)
     if ignored:
