@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from conftest import start_server, write_repository
 from triton_client import StreamClient, stream_once, text_inputs, token_inputs
 from trtllm_support import FAKES_DIR, fake_tokens, make_checkpoint_dir, make_engine_dir
@@ -118,6 +119,28 @@ def test_engine_beams_arrive_whole(engine_server):
 
 def test_engine_cancel_with_stop(engine_server):
     assert_cancel_with_stop_ends_the_stream(engine_server)
+
+
+def test_engine_death_ends_every_stream_and_the_model_stops_being_ready(tmp_path):
+    parameters = {"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(tmp_path / "engine"))}
+    repository = repository_with_fake(tmp_path, parameters, ("tensorrt_llm",))
+    server = start_server(tmp_path / "server", executor="trtllm_engine", repository=repository,
+                          env={**FAKE_ENVIRONMENT, "FAKE_TRTLLM_FATAL_TOKEN": "666"})
+    client = StreamClient(server.grpc_url)
+    try:
+        victim = client.send("tensorrt_llm", token_inputs([5], 4000), "victim")
+        time.sleep(0.2)
+        fatal = client.send("tensorrt_llm", token_inputs([666], 10), "fatal")
+        for result in (victim, fatal):
+            assert result.wait(30).finals == 1 and result.errors, "a stream was left hanging"
+        grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+        deadline = time.monotonic() + 15
+        while grpc_client.is_model_ready("tensorrt_llm"):
+            assert time.monotonic() < deadline, "model still reports ready with a dead engine"
+            time.sleep(0.1)
+    finally:
+        client.close()
+        server.stop()
 
 
 # -- executor=trtllm_llmapi -------------------------------------------------------------------------------------

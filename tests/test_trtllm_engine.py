@@ -328,3 +328,19 @@ def test_set_but_unapplied_nvidia_parameters_are_named_in_a_warning(tle, tmp_pat
     created.shutdown()
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == ["executor=trtllm_engine ignores these set parameters: decoding_mode, lora_cache_max_adapter_size"]
+
+
+def test_an_engine_that_shuts_itself_down_is_reported_dead(tle, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRTLLM_FATAL_TOKEN", "666")
+    created, _ = create_executor({"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(tmp_path))})
+    try:
+        bystander = created.enqueue(GenerationRequest([5], 100000))
+        fatal = created.enqueue(GenerationRequest([666], 10))
+        steps = collect_until_final(created, {bystander, fatal})
+        assert {s.request_id for s in steps if s.is_final and s.finish_reason is FinishReason.ERROR} == {
+            bystander, fatal}
+        assert "stopped accepting requests" in created.health_error()
+        with pytest.raises(ExecutorError):
+            created.enqueue(GenerationRequest([5], 2))
+    finally:
+        created.shutdown()

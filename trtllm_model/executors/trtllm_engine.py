@@ -146,6 +146,8 @@ class TrtllmEngineExecutor(Executor):
             return self._engine.enqueue_request(trt_request)
         except Exception as exc:
             self._raise_if_unusable()
+            if self.health_error():
+                raise ExecutorError(self.health_error()) from exc
             raise RequestRejected(f"TensorRT-LLM rejected the request: {exc}") from exc
 
     def _bias_tensor(self, request: GenerationRequest) -> Any:
@@ -196,6 +198,10 @@ class TrtllmEngineExecutor(Executor):
             return []
 
     def health_error(self) -> str | None:
+        if self._dead or self._closed or not self._is_leader:
+            return self._dead
+        if not self._engine.can_enqueue_requests():  # the engine shut itself down (a fatal error)
+            self._dead = "the TensorRT-LLM executor stopped accepting requests (see the engine's log)"
         return self._dead
 
     def tokenizer(self) -> Tokenizer | None:

@@ -8,6 +8,8 @@ An embedding bias with a positive entry forces its argmax. Log prob of token t: 
 
 Environment (read when an engine starts): FAKE_TRTLLM_STEP_MS (default 2) is the iteration period;
 FAKE_TRTLLM_FAIL_TOKEN=<id>: a request whose prompt contains that id fails with an error after its first token.
+FAKE_TRTLLM_FATAL_TOKEN=<id>: such a request kills the engine: every request gets an error, `dead` is set and the
+engine takes no more work (as after a fatal CUDA error).
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class FakeEngine:
         self._step_s = float(os.environ.get("FAKE_TRTLLM_STEP_MS", "2")) / 1000.0
         fail = os.environ.get("FAKE_TRTLLM_FAIL_TOKEN", "")
         self._fail_token = int(fail) if fail else None
+        fatal = os.environ.get("FAKE_TRTLLM_FATAL_TOKEN", "")
+        self._fatal_token = int(fatal) if fatal else None
+        self.dead: str | None = None
         self._waiting: deque[Job] = deque()
         self._active: dict[int, Job] = {}
         self._iteration = 0
@@ -102,8 +107,8 @@ class FakeEngine:
 
     def submit(self, job: Job) -> None:
         with self.cond:
-            if self._stopping:
-                raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: Shutdown called")
+            if self._stopping or self.dead:
+                raise RuntimeError(f"[TensorRT-LLM][ERROR] Assertion failed: Shutdown called {self.dead or ''}")
             job.fail_after_first = self._fail_token is not None and self._fail_token in job.prompt
             self._waiting.append(job)
             self.cond.notify_all()
@@ -142,6 +147,9 @@ class FakeEngine:
 
     def _iterate(self) -> None:
         self._iteration += 1
+        if self._fatal_token is not None and any(self._fatal_token in job.prompt for job in self._active.values()):
+            self._die("[TensorRT-LLM][ERROR] CUDA runtime error: an illegal memory access was encountered (fake)")
+            return
         context = [job for job in self._waiting][: max(self.max_batch_size - len(self._active), 0)]
         for job in context:
             self._waiting.remove(job)
@@ -168,6 +176,14 @@ class FakeEngine:
                     context_tokens=sum(len(job.prompt) for job in context),
                 )
             )
+
+    def _die(self, reason: str) -> None:
+        self.dead = reason
+        self._stopping = True
+        for job in [*self._active.values(), *self._waiting]:
+            self._on_update(Update(job, [[] for _ in job.sequences], [], error=reason))
+        self._active.clear()
+        self._waiting.clear()
 
     def _advance(self, job: Job) -> Update:
         width = len(job.sequences)

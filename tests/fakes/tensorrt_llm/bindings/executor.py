@@ -478,7 +478,7 @@ class Executor:
 
     # -- requests --------------------------------------------------------------------------------------------
     def can_enqueue_requests(self) -> bool:
-        return self._is_leader and not self._shut_down
+        return self._is_leader and not self._shut_down and self._engine.dead is None
 
     def enqueue_request(self, request: Request) -> int:
         _check_type("request", request, Request)
