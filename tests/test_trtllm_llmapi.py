@@ -301,3 +301,12 @@ def test_iteration_stats_only_after_the_first_request(executor, capsys):
     stats = executor.iteration_stats()
     assert stats and stats[-1].kv_cache is not None and stats[-1].max_active_requests == 8
     assert executor.iteration_stats() == []
+
+
+def test_shutdown_ends_live_requests(executor):
+    request_id = executor.enqueue(GenerationRequest([1000], 3000))
+    time.sleep(0.02)
+    executor.shutdown()
+    steps = executor.await_steps(0.01)
+    assert steps and steps[-1].request_id == request_id and steps[-1].is_final
+    assert steps[-1].finish_reason is FinishReason.CANCELLED

@@ -106,7 +106,7 @@ class LlmApiExecutor(Executor):
             return
         self._closed = True
         if self._thread.is_alive():
-            asyncio.run_coroutine_threadsafe(self._abort_all(), self._loop).result(timeout=10)
+            asyncio.run_coroutine_threadsafe(self._abort_all(), self._loop).result(timeout=5)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
         self._llm.shutdown()
@@ -174,8 +174,14 @@ class LlmApiExecutor(Executor):
         live.output.abort()
 
     async def _abort_all(self) -> None:
+        """Abort every live request and give their streams a moment to end before the loop stops."""
+        tasks = [live.task for live in self._live.values() if live.task is not None]
         for request_id in list(self._live):
             self._abort(request_id, False)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=2.0)
+            for task in pending:
+                task.cancel()
 
     def _publish(self, steps: list[Step]) -> None:
         if steps:
