@@ -1,0 +1,392 @@
+"""Token delivery through a real tritonserver: the project's model against a naive NVIDIA-style baseline.
+
+    .venv/bin/python bench/serving.py                       # full run (about 5 minutes), table + JSON + plot
+    .venv/bin/python bench/serving.py --loads 0 64 256 --window 5 --skip-perf-analyzer
+
+Both models run the same synthetic executor (trtllm_model.executors.synthetic) at `--step-ms` (10 ms = 100
+steps/s), so N streams in flight generate N x 100 tokens/s. For each model in turn a fresh server is started
+(only that model loaded) and, for each load N in `--loads`:
+  - N load streams (gRPC bidirectional calls, asyncio, split over `--client-procs` processes) each send one
+    request long enough to outlive the run, all at once; the executor keeps all N active;
+  - one probe stream sends `--probe-tokens`-token requests one after another (time to first token under load);
+  - after `--warmup` seconds a `--window`-second window measures: generated tokens/s (a counter inside the
+    model process, see bench/counted.py), delivered tokens/s and responses/s (client), gaps between consecutive
+    responses of one stream, probe time to first token, CPU of the server process tree (psutil) and of the
+    client processes;
+  - the streams are cancelled and the server is left to go quiet before the next load.
+Load 0 is the probe alone: time to first token at one stream, compared with the same requests made on a
+SyntheticExecutor in this process (no Triton, no gRPC). perf_analyzer (bench/perf_analyzer.py) then measures
+each server at `--pa-concurrency` as an independent client.
+
+Results: a table on stdout, bench/results/serving-<time>.json, and (with bench/.perf-venv's matplotlib)
+bench/results/serving-<time>.png; `--doc-plot` also writes docs/performance.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from multiprocessing import get_context
+from pathlib import Path
+
+import psutil
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(BENCH_DIR))
+import perf_analyzer  # noqa: E402
+from aio_client import Plan, WorkerResult, run_worker  # noqa: E402
+from conftest import Server, set_parameters, start_server, write_repository  # noqa: E402
+from counted import CounterFile  # noqa: E402
+
+from trtllm_model.server import is_ready  # noqa: E402
+
+RESULTS = BENCH_DIR / "results"
+
+
+# -- measurement helpers -------------------------------------------------------------------------------------------
+def tree_cpu_by_process(root: psutil.Process) -> dict[str, float]:
+    """CPU seconds of each process in the server tree, by a short name (tritonserver, stub:<model>, cli)."""
+    usage: dict[str, float] = {}
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            command = process.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "triton_python_backend_stub" in " ".join(command[:1]):
+            name = "stub:" + (command[-2] if len(command) > 2 else "?")
+        elif command and command[0].endswith("tritonserver"):
+            name = "tritonserver"
+        else:
+            name = "cli"
+        usage[name] = usage.get(name, 0.0) + times.user + times.system
+    return usage
+
+
+def tree_cpu_s(root: psutil.Process) -> float:
+    return sum(tree_cpu_by_process(root).values())
+
+
+def percentile(values, q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100.0 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def wait_quiet(root: psutil.Process, below_cores: float = 0.05, timeout_s: float = 240.0) -> float:
+    """Wait until the server tree uses under `below_cores` over half a second; returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        before = tree_cpu_s(root)
+        time.sleep(0.5)
+        if (tree_cpu_s(root) - before) / 0.5 < below_cores:
+            break
+    return time.monotonic() - started
+
+
+def in_process_ttft(step_ms: float, samples: int, pause_s: float) -> list[float]:
+    """Time to first token of SyntheticExecutor called directly, requests one after another (as the probe does)."""
+    from trtllm_model.executors.base import GenerationRequest
+    from trtllm_model.executors.synthetic import SyntheticExecutor
+
+    executor = SyntheticExecutor(step_ms=step_ms, max_batch_size=8)
+    ttfts = []
+    try:
+        for number in range(samples + 5):
+            sent = time.monotonic()
+            request_id = executor.enqueue(GenerationRequest(input_ids=[7, number], max_tokens=1))
+            first = None
+            while first is None:
+                for step in executor.await_steps(1.0):
+                    if step.request_id == request_id and step.token_ids:
+                        first = time.monotonic()
+            if number >= 5:  # the first few warm the thread up
+                ttfts.append(first - sent)
+            time.sleep(pause_s)
+    finally:
+        executor.shutdown()
+    return ttfts
+
+
+# -- servers ---------------------------------------------------------------------------------------------------
+def start(kind: str, workdir: Path, step_ms: float, max_batch: int, counter: CounterFile,
+          extra: dict[str, str] | None = None) -> Server:
+    env = {"BENCH_DIR": str(BENCH_DIR), "BENCH_COUNTER_FILE": counter.path}
+    parameters = {"max_batch_size": str(max_batch), "synthetic_step_ms": f"{step_ms:g}"}
+    if kind == "ours":
+        repository = write_repository(workdir / "repository", {**parameters, "max_queue_size": "1024", **(extra or {})},
+                                      models=("tensorrt_llm",))
+        shutil.copy(BENCH_DIR / "counted_model.py", repository / "tensorrt_llm" / "1" / "model.py")
+        return start_server(workdir, executor="synthetic", repository=repository, env=env)
+    repository = workdir / "repository"
+    shutil.rmtree(repository, ignore_errors=True)
+    shutil.copytree(BENCH_DIR / "baseline_model", repository, ignore=shutil.ignore_patterns("__pycache__"))
+    config = repository / "baseline" / "config.pbtxt"
+    config.write_text(set_parameters(config.read_text(), parameters))
+    return start_server(workdir, executor=None, repository=repository, env=env)
+
+
+def measure_point(server: Server, model: str, counter: CounterFile, pool: ProcessPoolExecutor, args, load: int,
+                  seed: int) -> dict:
+    rate = 1000.0 / args.step_ms
+    procs = max(1, min(args.client_procs, load)) if load else 1
+    start_at = time.monotonic() + args.connect_s
+    w0 = start_at + args.warmup
+    w1 = w0 + args.window
+    load_tokens = int((args.warmup + args.window + args.connect_s + 5.0) * rate)
+    plans = []
+    for worker in range(procs):
+        share = load // procs + (1 if worker < load % procs else 0)
+        plans.append(Plan(
+            url=server.grpc_url, model=model, load_streams=share, load_tokens=load_tokens, probe=worker == 0,
+            probe_tokens=args.probe_tokens, probe_pause_s=args.probe_pause_ms / 1000.0, start=start_at, w0=w0, w1=w1,
+            channels=args.channels, first_input_id=seed * 1000 + worker * 100 + 1,
+        ))
+    futures = [pool.submit(run_worker, plan) for plan in plans]
+    root = psutil.Process(server.process.pid)
+    time.sleep(max(0.0, w0 - time.monotonic()))
+    generated0, by0, t0 = counter.read(), tree_cpu_by_process(root), time.monotonic()
+    time.sleep(max(0.0, w1 - time.monotonic()))
+    generated1, by1, t1 = counter.read(), tree_cpu_by_process(root), time.monotonic()
+    cpu0, cpu1 = sum(by0.values()), sum(by1.values())
+    results: list[WorkerResult] = [future.result(timeout=args.warmup + args.window + 120) for future in futures]
+    quiet_s = wait_quiet(root)
+    elapsed = t1 - t0
+    tokens = sum(r.tokens for r in results)
+    responses = sum(r.responses for r in results)
+    gaps = [g for r in results for g in r.gaps]
+    ttft = [t for r in results for t in r.ttft]
+    burst = [t for r in results for t in r.burst_ttft]
+    client_cpu = [r.cpu_s / args.window for r in results]
+    errors = [e for r in results for e in r.errors]
+    ms = 1000.0
+    point = {
+        "load_streams": load,
+        "offered_tokens_per_s": load * rate,
+        "generated_tokens_per_s": (generated1 - generated0) / elapsed,
+        "delivered_tokens_per_s": tokens / args.window,
+        "responses_per_s": responses / args.window,
+        "tokens_per_response": tokens / responses if responses else None,
+        "gap_p50_ms": _scale(percentile(gaps, 50), ms),
+        "gap_p99_ms": _scale(percentile(gaps, 99), ms),
+        "ttft_p50_ms": _scale(percentile(ttft, 50), ms),
+        "ttft_p99_ms": _scale(percentile(ttft, 99), ms),
+        "ttft_samples": len(ttft),
+        "ttft_censored": sum(r.ttft_censored for r in results),
+        "burst_ttft_p50_ms": _scale(percentile(burst, 50), ms),
+        "burst_ttft_p99_ms": _scale(percentile(burst, 99), ms),
+        "server_cpu_cores": (cpu1 - cpu0) / elapsed,
+        "server_cpu_cores_by_process": {name: (by1[name] - by0.get(name, 0.0)) / elapsed for name in by1},
+        "client_procs": procs,
+        "client_cpu_cores_max_proc": max(client_cpu),
+        "client_cpu_cores_total": sum(client_cpu),
+        "quiet_after_s": quiet_s,
+        "errors": errors[:10],
+        "error_count": len(errors),
+    }
+    point["delivered_over_generated"] = (point["delivered_tokens_per_s"] / point["generated_tokens_per_s"]
+                                         if point["generated_tokens_per_s"] else None)
+    return point
+
+
+def _scale(value, factor):
+    return None if value is None else value * factor
+
+
+def measure_model(kind: str, model: str, args, workroot: Path) -> dict:
+    counter = CounterFile(str(workroot / f"{kind}.counter"))
+    extra = dict(item.split("=", 1) for item in args.param) if kind == "ours" else {}
+    server = start(kind, workroot / kind, args.step_ms, args.max_batch, counter, extra)
+    report: dict = {"model": model, "points": [], "perf_analyzer": []}
+    try:
+        root = psutil.Process(server.process.pid)
+        time.sleep(2)
+        idle0 = tree_cpu_s(root)
+        time.sleep(args.idle_s)
+        report["idle_cpu_cores_before_load"] = (tree_cpu_s(root) - idle0) / args.idle_s
+        with ProcessPoolExecutor(max_workers=args.client_procs, mp_context=get_context("spawn")) as pool:
+            # Start every worker process before the first load point (spawning takes seconds on a busy box).
+            list(pool.map(time.sleep, [0.5] * args.client_procs))
+            for seed, load in enumerate(args.loads):
+                if server.process.poll() is not None or not is_ready("127.0.0.1", server.http_port):
+                    report["failed"] = f"server not running/ready before load {load}; see {RESULTS}/server-{args.stamp}-{kind}.log"
+                    print(f"  {kind}: {report['failed']}", flush=True)
+                    break
+                point = measure_point(server, model, counter, pool, args, load, seed)
+                report["points"].append(point)
+                print(f"  {kind:8s} load {load:4d}: generated {point['generated_tokens_per_s']:8.0f}  delivered "
+                      f"{point['delivered_tokens_per_s']:8.0f}  responses/s {point['responses_per_s']:7.0f}  gap p50 "
+                      f"{_fmt(point['gap_p50_ms'])} ms  ttft p50 {_fmt(point['ttft_p50_ms'])} ms  server CPU "
+                      f"{point['server_cpu_cores']:.2f}  client CPU max {point['client_cpu_cores_max_proc']:.2f}  "
+                      f"errors {point['error_count']}", flush=True)
+                print("    server CPU by process: " + ", ".join(
+                    f"{name} {cores:.2f}" for name, cores in point["server_cpu_cores_by_process"].items()), flush=True)
+                for error in point["errors"][:3]:
+                    print(f"    error: {error}", flush=True)
+        if not args.skip_perf_analyzer:
+            for concurrency in args.pa_concurrency:
+                pa = perf_analyzer.run(server.grpc_url, model, concurrency, args.pa_tokens)
+                pa.pop("output", None) if "error" not in pa else None
+                report["perf_analyzer"].append(pa)
+                print(f"  {kind:8s} perf_analyzer c={concurrency}: {_pa_line(pa)}", flush=True)
+                wait_quiet(root)
+    finally:
+        server.stop()
+        counter.close()
+        RESULTS.mkdir(exist_ok=True)
+        shutil.copy(server.log_path, RESULTS / f"server-{args.stamp}-{kind}.log")
+    return report
+
+
+def _fmt(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pa_line(pa: dict) -> str:
+    if "error" in pa:
+        return f"error: {pa['error']}"
+    return (f"{pa['tokens_per_s']:.0f} tokens/s ({pa['requests_per_s']:.1f} requests/s x {pa['tokens_per_request']}), "
+            f"responses/s {_fmt(pa['responses_per_s'], 0)}, latency p50 {pa['latency_p50_ms']:.0f} ms")
+
+
+# -- report ----------------------------------------------------------------------------------------------------
+def table(report: dict) -> str:
+    ours, base = report["ours"], report["baseline"]
+    by_load = {p["load_streams"]: p for p in base["points"]}
+    rows = ["| streams | offered tok/s | model | generated tok/s | delivered tok/s | delivered/generated | responses/s | "
+            "tok/response | gap p50 / p99 ms | probe TTFT p50 / p99 ms | server CPU (cores) | client CPU (max proc) |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for point in ours["points"]:
+        pair = [("ours", point)]
+        if point["load_streams"] in by_load:
+            pair.append(("baseline", by_load[point["load_streams"]]))
+        for name, p in pair:
+            ttft = f"{_fmt(p['ttft_p50_ms'])} / {_fmt(p['ttft_p99_ms'])}"
+            if p["ttft_censored"]:
+                ttft += f" ({p['ttft_censored']} of {p['ttft_samples']} never came: lower bound)"
+            rows.append(
+                f"| {p['load_streams']} | {p['offered_tokens_per_s']:.0f} | {name} | {p['generated_tokens_per_s']:.0f} | "
+                f"{p['delivered_tokens_per_s']:.0f} | {_fmt(p['delivered_over_generated'], 3)} | {p['responses_per_s']:.0f} | "
+                f"{_fmt(p['tokens_per_response'], 2)} | {_fmt(p['gap_p50_ms'])} / {_fmt(p['gap_p99_ms'])} | {ttft} | "
+                f"{p['server_cpu_cores']:.2f} | {p['client_cpu_cores_max_proc']:.2f} |")
+    rows.append("")
+    rows.append("| ratio ours / baseline | delivered tok/s | responses/s | gap p50 (baseline / ours) |")
+    rows.append("|---:|---:|---:|---:|")
+    for point in ours["points"]:
+        other = by_load.get(point["load_streams"])
+        if other is None or not point["load_streams"]:
+            continue
+        gap_ratio = (other["gap_p50_ms"] / point["gap_p50_ms"]) if other["gap_p50_ms"] and point["gap_p50_ms"] else None
+        rows.append(f"| {point['load_streams']} streams | "
+                    f"{point['delivered_tokens_per_s'] / max(other['delivered_tokens_per_s'], 1e-9):.2f}x | "
+                    f"{point['responses_per_s'] / max(other['responses_per_s'], 1e-9):.2f}x | {_fmt(gap_ratio, 2)}x |")
+    return "\n".join(rows)
+
+
+def targets(report: dict) -> list[str]:
+    ours = {p["load_streams"]: p for p in report["ours"]["points"]}
+    base = {p["load_streams"]: p for p in report["baseline"]["points"]}
+    lines = []
+    top = max(ours)
+    if top in base:
+        o, b = ours[top], base[top]
+        ratio = o["delivered_over_generated"] or 0
+        lines.append(f"{top} streams, {o['generated_tokens_per_s']:.0f} tokens/s generated: delivered/generated "
+                     f"{ratio:.3f} (target >= 0.95: {'met' if ratio >= 0.95 else 'NOT met'})")
+        x = o["delivered_tokens_per_s"] / max(b["delivered_tokens_per_s"], 1e-9)
+        lines.append(f"{top} streams: delivered {x:.2f}x the baseline's (target >= 5x: {'met' if x >= 5 else 'NOT met'})")
+    if 64 in ours and 64 in base and ours[64]["gap_p50_ms"] and base[64]["gap_p50_ms"]:
+        o, b = ours[64]["gap_p50_ms"], base[64]["gap_p50_ms"]
+        lines.append(f"64 streams: gap p50 {o:.2f} ms vs baseline {b:.2f} ms (target ours <= baseline: "
+                     f"{'met' if o <= b else 'NOT met'})")
+    if 0 in ours and ours[0]["ttft_p50_ms"] is not None:
+        inproc = report["in_process_ttft_p50_ms"]
+        over = ours[0]["ttft_p50_ms"] - inproc
+        lines.append(f"1 stream: TTFT p50 {ours[0]['ttft_p50_ms']:.2f} ms through Triton vs {inproc:.2f} ms in process: "
+                     f"+{over:.2f} ms (target <= 2 ms: {'met' if over <= 2.0 else 'NOT met'})")
+    idle = report["ours"].get("idle_cpu_cores_before_load")
+    if idle is not None:
+        lines.append(f"idle CPU (server tree, {report['args']['idle_s']:.0f} s before load): {100 * idle:.2f} % of a core "
+                     f"(target < 1 %: {'met' if idle < 0.01 else 'NOT met'}; bench/idle_cpu.py measures it on its own)")
+    return lines
+
+
+def plot(report_path: Path, png: Path) -> None:
+    python = perf_analyzer.ensure_venv()
+    subprocess.run([str(python), str(BENCH_DIR / "plot.py"), str(report_path), str(png)], check=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--loads", type=int, nargs="+", default=[0, 16, 64, 128, 192, 256])
+    parser.add_argument("--step-ms", type=float, default=10.0)
+    parser.add_argument("--max-batch", type=int, default=512, help="executor max_batch_size (>= largest load + 1)")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--window", type=float, default=5.0)
+    parser.add_argument("--connect-s", type=float, default=1.5, help="time the client processes get to connect")
+    parser.add_argument("--client-procs", type=int, default=2)
+    parser.add_argument("--channels", type=int, default=4, help="gRPC channels per client process")
+    parser.add_argument("--probe-tokens", type=int, default=1)
+    parser.add_argument("--probe-pause-ms", type=float, default=5.0)
+    parser.add_argument("--idle-s", type=float, default=5.0)
+    parser.add_argument("--in-process-samples", type=int, default=200)
+    parser.add_argument("--models", nargs="+", default=["ours", "baseline"], choices=["ours", "baseline"])
+    parser.add_argument("--skip-perf-analyzer", action="store_true")
+    parser.add_argument("--pa-concurrency", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--pa-tokens", type=int, default=200)
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra config.pbtxt parameter for our model (e.g. sender_threads=4)")
+    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--doc-plot", action="store_true", help="also write docs/performance.png")
+    args = parser.parse_args()
+
+    stamp = args.stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    report: dict = {"args": vars(args), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                    "load_before": os.getloadavg(), "cpus": os.cpu_count()}
+    print(f"load average before: {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
+    ttft = in_process_ttft(args.step_ms, args.in_process_samples, args.probe_pause_ms / 1000.0)
+    report["in_process_ttft_p50_ms"] = 1000 * statistics.median(ttft)
+    report["in_process_ttft_p99_ms"] = 1000 * percentile(ttft, 99)
+    print(f"  in-process SyntheticExecutor TTFT p50 {report['in_process_ttft_p50_ms']:.2f} ms, "
+          f"p99 {report['in_process_ttft_p99_ms']:.2f} ms", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as workroot:
+        for kind in args.models:
+            model = "tensorrt_llm" if kind == "ours" else "baseline"
+            report[kind] = measure_model(kind, model, args, Path(workroot))
+    report["load_after"] = os.getloadavg()
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"serving-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)))
+    print(f"\nresults: {path}  (load average after: {report['load_after']})\n")
+    if "ours" in report and "baseline" in report:
+        print(table(report))
+        print()
+        for line in targets(report):
+            print(line)
+    for kind in args.models:
+        for pa in report[kind]["perf_analyzer"]:
+            print(f"perf_analyzer {kind} c={pa.get('concurrency')}: {_pa_line(pa)}")
+    if not args.no_plot and "ours" in report and "baseline" in report:
+        png = path.with_suffix(".png")
+        plot(path, png)
+        print(f"plot: {png}")
+        if args.doc_plot:
+            shutil.copy(png, ROOT / "docs" / "performance.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
