@@ -319,3 +319,12 @@ def test_create_reads_config_parameters():
         assert executor.tokenizer().eos_token_id == 2
     finally:
         executor.shutdown()
+
+
+def test_after_shutdown_await_is_quiet_and_enqueue_fails(loaded, prompts):
+    executor = new_executor(loaded)
+    executor.shutdown()
+    executor.shutdown()  # idempotent
+    assert executor.await_steps(0.01) == [] and executor.health_error() is None
+    with pytest.raises(ExecutorError, match="shut down"):
+        executor.enqueue(greedy(prompts[0]))

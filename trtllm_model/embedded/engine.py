@@ -71,10 +71,11 @@ class Engine:
             self._work.notify()
 
     def wait_steps(self, timeout_s: float) -> list[Step]:
-        """Block until steps are ready, the engine dies, or the timeout passes."""
+        """Block until steps are ready, the engine fails, or the timeout passes (after `stop`: nothing, no error)."""
         with self._lock:
-            self._ready.wait_for(lambda: self._steps or self._error or self._stopping, timeout=max(0.0, timeout_s))
-            self._raise_if_dead()
+            self._ready.wait_for(lambda: self._steps or self._error, timeout=max(0.0, timeout_s))
+            if self._error and not self._steps:
+                raise EngineDead(self._error)
             steps, self._steps = self._steps, []
             self._open_step.clear()
             return steps
