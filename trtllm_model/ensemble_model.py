@@ -49,7 +49,7 @@ class TritonPythonModel:
 
     def _forward(self, request, forwarded_id: str) -> None:
         sender = request.get_response_sender()
-        final_sent = False
+        error = None
         try:
             parameters = json.loads(request.parameters() or "{}")
             inner = pb_utils.InferenceRequest(
@@ -61,20 +61,21 @@ class TritonPythonModel:
             )
             for response in inner.exec(decoupled=True):
                 if response.has_error():
-                    sender.send(pb_utils.InferenceResponse(error=response.error()), flags=_FINAL)
-                    final_sent = True
+                    error = response.error()
                     break
                 tensors = response.output_tensors()
                 if tensors:
                     sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
         except Exception as exc:
-            sender.send(pb_utils.InferenceResponse(error=_forwarding_error(exc)), flags=_FINAL)
-            final_sent = True
-        finally:
-            with self._lock:
-                self._open.pop(forwarded_id, None)
-            if not final_sent:
-                sender.send(flags=_FINAL)  # the iterator ended: the forwarded request sent its final response
+            error = _forwarding_error(exc)
+        # Leave the watcher's view before the final response: asking Triton whether a finished request was
+        # cancelled crashes tritonserver 2.51 (ResponseFactoryIsCancelled on a released factory).
+        with self._lock:
+            self._open.pop(forwarded_id, None)
+        if error is not None:
+            sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
+        else:
+            sender.send(flags=_FINAL)  # the forwarded request's own final response ended the iterator
 
     def _watch_cancellations(self) -> None:
         cancelled: set[str] = set()
@@ -83,12 +84,12 @@ class TritonPythonModel:
                 if not self._open:
                     self._lock.wait()
                     continue
-                pending = [(fid, req) for fid, req in self._open.items() if fid not in cancelled]
+                # is_cancelled() under the lock, so that no request is asked about after its final response.
+                newly = [fid for fid, req in self._open.items() if fid not in cancelled and req.is_cancelled()]
+                cancelled.update(newly)
                 cancelled &= set(self._open)
-            for forwarded_id, request in pending:
-                if request.is_cancelled():
-                    cancelled.add(forwarded_id)
-                    _send_stop(forwarded_id)
+            for forwarded_id in newly:
+                _send_stop(forwarded_id)
             with self._lock:
                 self._lock.wait(CANCEL_CHECK_S)
 

@@ -224,6 +224,12 @@ class Poller:
                 return
 
     def _deliver(self, ctx: RequestContext, work: list) -> None:
+        # Under the request's lock: the cancel watcher must never ask Triton about a request whose final
+        # response is being sent (tritonserver 2.51 segfaults in ResponseFactoryIsCancelled after the final).
+        with ctx.lock:
+            self._deliver_locked(ctx, work)
+
+    def _deliver_locked(self, ctx: RequestContext, work: list) -> None:
         if ctx.done:
             return
         try:
@@ -349,11 +355,16 @@ class Poller:
                     continue
                 contexts = [c for c in self._open.values() if not c.cancel_requested]
             for ctx in contexts:
-                try:
-                    if ctx.stream.is_cancelled():
-                        self._cancel(ctx)
-                except Exception:
-                    log.debug("is_cancelled failed", exc_info=True)
+                with ctx.lock:  # see _deliver: never while (or after) its final response is sent
+                    if ctx.done:
+                        continue
+                    try:
+                        cancelled = ctx.stream.is_cancelled()
+                    except Exception:
+                        log.debug("is_cancelled failed", exc_info=True)
+                        continue
+                if cancelled:
+                    self._cancel(ctx)
             self._check_still_serving()
             time.sleep(self.cancel_check_s)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -47,7 +48,9 @@ class RequestContext:
     num_output_tokens: int = 0
     finish_reason: str | None = None
     cancel_requested: bool = False
+    # Set (under `lock`) before the final response is sent; the stream must not be touched afterwards.
     done: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
     # Timings (time.monotonic_ns) for the latency metrics.
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     enqueued_ns: int = 0
