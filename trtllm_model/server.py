@@ -55,7 +55,12 @@ def server_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for tritonserver: its bundled libraries, and this virtualenv's Python first on PATH
     (the stub embeds the first Python it finds, and the model must see this environment's packages)."""
     env = dict(os.environ)
+    # The stub links libpython dynamically: it must find this interpreter's libpython (e.g. pyenv's 3.11.7), not
+    # an older system copy whose missing symbols break extension modules such as _ssl.
     libs = [str(pytriton_libs_dir())]
+    python_libdir = sysconfig.get_config_var("LIBDIR")
+    if python_libdir and Path(python_libdir, sysconfig.get_config_var("LDLIBRARY") or "").exists():
+        libs.insert(0, python_libdir)
     if env.get("LD_LIBRARY_PATH"):
         libs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = ":".join(libs)
