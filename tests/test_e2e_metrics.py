@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 
@@ -27,7 +28,8 @@ HISTOGRAMS = (
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("metrics"), executor="synthetic", parameters={"stats_check_period_ms": "50"})
+    parameters = {"stats_check_period_ms": "50", "max_batch_size": "64"}
+    server = start_server(tmp_path_factory.mktemp("metrics"), executor="synthetic", parameters=parameters)
     yield server
     server.stop()
 
@@ -60,7 +62,8 @@ def test_known_workload_gives_exact_counts_and_idle_gauges(server):
         assert before.types[name] == "histogram", name
 
     run_requests(server, [(token_inputs([i + 1, 2, 3], 16), None) for i in range(10)])
-    after = wait_for(server, lambda s: s.value("nv_llm_generation_tokens_total", **LABELS) >= 160)
+    after = wait_for(server, lambda s: s.value("nv_llm_generation_tokens_total", **LABELS) >= 160
+                     and all(s.value(f"{name}_count", **LABELS) >= 10 for name in HISTOGRAMS))
 
     assert after.value("nv_llm_generation_tokens_total", **LABELS) == 160
     assert after.value("nv_llm_prompt_tokens_total", **LABELS) == 30
@@ -68,6 +71,7 @@ def test_known_workload_gives_exact_counts_and_idle_gauges(server):
     assert reasons == {"stop": 0, "length": 10, "cancelled": 0, "error": 0, "timeout": 0}
     for name in HISTOGRAMS:
         assert after.value(f"{name}_count", **LABELS) == 10, name
+    assert after.value("nv_llm_metrics_dropped_observations_total", **LABELS) == 0
     # NVIDIA's token-length histograms: their label, their buckets, exact sums.
     output = {"response_metric_type": "total_output_tokens", **LABELS}
     assert after.value("nv_llm_output_token_len_sum", **output) == 160
@@ -108,8 +112,9 @@ def test_trtllm_engine_fills_every_nvidia_family(tmp_path):
     """Over the fake tensorrt_llm: the stats a real Executor returns reach /metrics under NVIDIA's names."""
     parameters = {"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(tmp_path / "engine")),
                   "gpt_model_type": "inflight_fused_batching"}
-    synthetic_only = 'parameters: {\n  key: "synthetic_step_ms"\n  value: { string_value: "10" }\n}\n'
-    repository = write_repository(tmp_path / "repository", parameters, ("tensorrt_llm",), {synthetic_only: ""})
+    repository = write_repository(tmp_path / "repository", parameters, ("tensorrt_llm",))
+    config = repository / "tensorrt_llm" / "config.pbtxt"  # trtllm_engine refuses the synthetic executor's parameters
+    config.write_text(re.sub(r'parameters: \{\s*key: "synthetic_[^"]*"[^}]*\}\s*\}\n', "", config.read_text()))
     # The stub ignores PYTHONPATH but puts the version directory on sys.path: the fake package goes there.
     shutil.copytree(FAKES_DIR / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm")
     server = start_server(tmp_path, executor="trtllm_engine", env={"FAKE_TRTLLM_STEP_MS": "2"}, repository=repository)

@@ -20,6 +20,7 @@ from test_poller import ListStream, context
 from trtllm_model.executors.base import IterationStats, KvCacheStats
 from trtllm_model.executors.synthetic import SyntheticExecutor
 from trtllm_model.metrics import (
+    DROPPED,
     E2E,
     GENERATION_TOKENS,
     INPUT_TOKEN_LEN,
@@ -252,6 +253,34 @@ def test_a_failing_flush_does_not_stop_later_ones(reporter):
     metrics.flush()
     assert backend.get(GENERATION_TOKENS).value == 16
 
+
+def test_histograms_that_miss_the_budget_wait_for_the_next_flush_counters_do_not(reporter):
+    metrics, backend, _ = reporter
+    for _ in range(3):
+        metrics.record_finished(finished())
+    metrics.flush(budget_s=0)  # the budget is spent after the first request's observations
+    assert backend.get(GENERATION_TOKENS).value == 48
+    assert backend.get(REQUESTS_FINISHED, finish_reason="length").value == 3
+    assert len(backend.get(OUTPUT_TOKEN_LEN).observations) == 1
+    metrics.flush(budget_s=0)
+    metrics.flush(budget_s=0)
+    assert len(backend.get(OUTPUT_TOKEN_LEN).observations) == 3
+    assert len(backend.get(TTFT).observations) == 3
+    assert backend.get(GENERATION_TOKENS).value == 48  # counted once
+
+
+def test_backlog_past_its_bound_drops_the_oldest_observations_and_counts_them():
+    backend, feed = RecordingBackend(), StatsFeed()
+    metrics = MetricsReporter(backend, feed, model="m", version="1", max_backlog=5)
+    for tokens in range(1, 13):
+        metrics.record_finished(finished(tokens=tokens))
+    metrics.flush(budget_s=0)
+    assert backend.get(DROPPED).value == 7
+    assert backend.get(OUTPUT_TOKEN_LEN).observations == [8]  # the oldest kept one
+    assert backend.get(GENERATION_TOKENS).value == sum(range(1, 13))  # counters are exact regardless
+    metrics.flush()
+    assert backend.get(OUTPUT_TOKEN_LEN).observations == [8, 9, 10, 11, 12]
+    assert backend.get(DROPPED).value == 7
 
 def test_thread_flushes_on_its_period_and_stop_flushes_the_rest():
     backend, feed = RecordingBackend(), StatsFeed()

@@ -8,7 +8,10 @@ records, and then makes the few metric calls that are needed:
 - gauges (NVIDIA's `nv_trt_llm_*` families) are set only when their value changed, so an idle server makes no
   metric calls at all;
 - counters get one `increment` per label per flush, whatever the number of requests;
-- histograms get one `observe` per finished request (Triton offers no batched observe).
+- histograms get one `observe` per finished request (Triton offers no batched observe). Those calls get a time
+  budget per flush; what doesn't fit waits for the next flush, and past `max_backlog` requests under sustained
+  overload the oldest observations are dropped and counted in `nv_llm_metrics_dropped_observations_total`
+  (counters stay exact: they are aggregated and incremented before any histogram call).
 
 A gauge whose IterationStats field is None for this executor is never created: Prometheus then has no such
 series, rather than a made-up constant.
@@ -79,6 +82,12 @@ QUEUE_TIME = "nv_llm_queue_time_seconds"
 PROMPT_TOKENS = "nv_llm_prompt_tokens_total"
 GENERATION_TOKENS = "nv_llm_generation_tokens_total"
 REQUESTS_FINISHED = "nv_llm_requests_finished_total"
+DROPPED = "nv_llm_metrics_dropped_observations_total"
+
+# Requests whose histogram observations may wait for a later flush (about 100 bytes each).
+MAX_BACKLOG = 10_000
+# Time the final flush in finalize() may spend on histogram observations.
+FINAL_FLUSH_BUDGET_S = 2.0
 
 
 # -- the backend: what this module needs from Triton --------------------------------------------------------------
@@ -189,12 +198,15 @@ class MetricsReporter:
         model: str,
         version: str,
         period_s: float = 0.1,
+        max_backlog: int = MAX_BACKLOG,
     ) -> None:
         self.backend = backend
         self.iteration_stats = iteration_stats
         self.labels = {"model": model, "version": version}
         self.period_s = period_s
-        self._records: deque[FinishedRecord] = deque()
+        self.max_backlog = max_backlog
+        self._records: deque[FinishedRecord] = deque()  # appended by sender threads, drained by the flush
+        self._unobserved: deque[FinishedRecord] = deque()  # counted, histograms not yet observed
         self._gauges: dict[tuple[str, str], Gauge] = {}
         self._gauge_values: dict[tuple[str, str], float] = {}
         self._stop = threading.Event()
@@ -225,6 +237,9 @@ class MetricsReporter:
             reason: backend.counter(REQUESTS_FINISHED, "Finished requests by finish reason", {**labels, "finish_reason": reason})
             for reason in FINISH_REASONS
         }
+        self._dropped = backend.counter(
+            DROPPED, "Finished requests left out of the histograms because the metrics thread fell behind", labels
+        )
 
     # -- called from the poller's sender threads: no metric calls, no locks ------------------------------------------
     def record_finished(self, ctx: RequestContext) -> None:
@@ -240,18 +255,25 @@ class MetricsReporter:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-        self.flush()
+        self.flush(budget_s=FINAL_FLUSH_BUDGET_S)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
             self.flush()
 
     # -- the metrics thread --------------------------------------------------------------------------------------------
-    def flush(self) -> None:
-        """Push what changed since the previous flush; a failure is logged and never stops later flushes."""
+    def flush(self, budget_s: float | None = None) -> None:
+        """Push what changed since the previous flush; a failure is logged and never stops later flushes.
+
+        Histogram observations get `budget_s` (default: one period); the rest wait for the next flush.
+        """
         try:
             self._flush_gauges()
-            self._flush_records(self._drain())
+            records = self._drain()
+            self._count(records)  # first, and whole: counters stay exact even when histograms fall behind
+            self._unobserved.extend(records)
+            self._drop_overflow()
+            self._observe(time.monotonic() + (self.period_s if budget_s is None else budget_s))
         except Exception:
             self._failures += 1
             if self._failures == 1 or self._failures % 1000 == 0:
@@ -287,16 +309,32 @@ class MetricsReporter:
             self._gauges[key] = gauge
         return gauge
 
-    def _flush_records(self, records: list[FinishedRecord]) -> None:
+    def _drop_overflow(self) -> None:
+        overflow = len(self._unobserved) - self.max_backlog
+        if overflow <= 0:
+            return
+        for _ in range(overflow):
+            self._unobserved.popleft()
+        self._dropped.increment(overflow)
+        log.warning("metrics thread behind: %d finished requests left out of the histograms", overflow)
+
+    def _observe(self, deadline: float) -> None:
+        """Observe the histograms of waiting records, oldest first, until `deadline` (at least one record)."""
+        while self._unobserved:
+            record = self._unobserved.popleft()
+            self._input_len.observe(record.prompt_tokens)
+            self._output_len.observe(record.output_tokens)
+            for name, seconds in record.latencies().items():
+                self._latency[name].observe(max(0.0, seconds))
+            if time.monotonic() >= deadline:
+                return
+
+    def _count(self, records: list[FinishedRecord]) -> None:
         if not records:
             return
         finished: dict[str, int] = {}
         for record in records:
             finished[record.reason_label()] = finished.get(record.reason_label(), 0) + 1
-            self._input_len.observe(record.prompt_tokens)
-            self._output_len.observe(record.output_tokens)
-            for name, seconds in record.latencies().items():
-                self._latency[name].observe(max(0.0, seconds))
         prompt_tokens = sum(r.prompt_tokens for r in records)
         generation_tokens = sum(r.output_tokens for r in records)
         if prompt_tokens:
