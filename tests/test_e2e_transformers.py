@@ -1,0 +1,58 @@
+"""End to end with the embedded default (SmolLM2-135M-Instruct on transformers) behind a real tritonserver."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from conftest import start_server
+from triton_client import StreamClient, stream_once, text_inputs, token_inputs
+
+pytestmark = pytest.mark.e2e
+
+SLOTS = 2
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = start_server(
+        tmp_path_factory.mktemp("transformers"), executor="transformers", parameters={"max_batch_size": str(SLOTS)}
+    )
+    yield server
+    server.stop()
+
+
+def test_chat_question_through_the_ensemble_names_paris(server):
+    inputs = text_inputs("What is the capital of France?", 24, apply_chat_template=(True, np.bool_))
+    result = stream_once(server.grpc_url, "ensemble", inputs, timeout_s=120)
+    assert result.errors == [] and result.finals == 1
+    assert "Paris" in result.text()
+
+
+def test_streamed_text_concatenates_to_the_non_streamed_answer(server):
+    prompt = "Écris une phrase sur le café ☕ et 東京."
+    streamed = stream_once(server.grpc_url, "tensorrt_llm", text_inputs(prompt, 20), timeout_s=120)
+    whole = stream_once(server.grpc_url, "tensorrt_llm", text_inputs(prompt, 20, stream=False), timeout_s=120)
+    assert streamed.errors == [] and whole.errors == [] and len(whole.responses) == 1
+    assert len(streamed.responses) > 1
+    assert streamed.text() == whole.text()
+
+
+def test_cancelled_streams_free_their_batch_slots(server):
+    clients, results = [], []
+    for i in range(SLOTS):
+        client = StreamClient(server.grpc_url)
+        clients.append(client)
+        results.append(client.send("tensorrt_llm", token_inputs([1, 504, 3575 + i], 2000), f"long{i}"))
+    deadline = time.monotonic() + 60
+    while not all(r.responses for r in results):
+        assert time.monotonic() < deadline, "long requests never started"
+        time.sleep(0.05)
+    for client in clients:
+        client.cancel()
+    started = time.monotonic()
+    probe = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 504], 1), timeout_s=60)
+    assert probe.errors == [] and len(probe.tokens()) == 1
+    # With both slots still held the probe would wait for 2000-token requests (minutes on this CPU).
+    assert time.monotonic() - started < 5
