@@ -205,6 +205,14 @@ def test_gauges_only_for_fields_the_executor_has(reporter):
         assert backend.names(family) == set(), family
 
 
+def test_waiting_is_never_negative(reporter):
+    metrics, backend, feed = reporter
+    # The last iteration of a request as the transformers engine reports it: retired (active 0), yet scheduled.
+    feed.pending = [synthetic_stats(iteration=8, active=0)]
+    feed.pending[0].scheduled_requests = 1
+    metrics.flush()
+    assert backend.get("nv_trt_llm_request_metrics", request_type="waiting").value == 0
+
 def test_a_full_engine_fills_every_nvidia_label(reporter):
     metrics, backend, feed = reporter
     feed.pending = [

@@ -160,13 +160,14 @@ class FinishedRecord:
 def gauge_values(stats: IterationStats) -> dict[tuple[str, str], float]:
     """(family, label value) -> value for every gauge this iteration truly has (None fields are left out)."""
     kv = stats.kv_cache
-    waiting = None if stats.scheduled_requests is None else stats.active_requests - stats.scheduled_requests
+    # NVIDIA's "waiting": in the batch but not scheduled this iteration. Clamped: an engine that counts `active`
+    # after retiring the iteration's finished requests but `scheduled` before would otherwise go negative.
+    waiting = None if stats.scheduled_requests is None else max(0, stats.active_requests - stats.scheduled_requests)
     candidates = {
         (REQUEST_FAMILY, "active"): stats.active_requests,
         (REQUEST_FAMILY, "max"): stats.max_active_requests,
         (REQUEST_FAMILY, "scheduled"): stats.scheduled_requests,
         (REQUEST_FAMILY, "context"): stats.context_requests,
-        # NVIDIA's definition: in the batch but not scheduled this iteration.
         (REQUEST_FAMILY, "waiting"): waiting,
         (MEMORY_FAMILY, "cpu"): stats.cpu_mem_bytes,
         (MEMORY_FAMILY, "gpu"): stats.gpu_mem_bytes,
