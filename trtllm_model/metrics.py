@@ -213,6 +213,7 @@ class MetricsReporter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
         self._failures = 0
+        self._drops = 0
         self._create_request_metrics()
 
     def _create_request_metrics(self) -> None:
@@ -317,7 +318,9 @@ class MetricsReporter:
         for _ in range(overflow):
             self._unobserved.popleft()
         self._dropped.increment(overflow)
-        log.warning("metrics thread behind: %d finished requests left out of the histograms", overflow)
+        self._drops += 1
+        if self._drops == 1 or self._drops % 100 == 0:  # sustained overload: don't flood the log 10 times a second
+            log.warning("metrics thread behind: %d finished requests left out of the histograms", overflow)
 
     def _observe(self, deadline: float) -> None:
         """Observe the histograms of waiting records, oldest first, until `deadline` (at least one record)."""
