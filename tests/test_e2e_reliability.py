@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_server
+from prometheus_text import scrape
 from triton_client import StreamClient, stream_once, tensor, text_inputs, token_inputs
 
 from trtllm_model.executors.synthetic import synthetic_token
@@ -75,6 +76,14 @@ def assert_slots_free(server, within_s=0.2):
     assert delay < within_s + 3 * STEP_MS / 1000, f"first token after {delay:.3f} s: a batch slot leaked"
 
 
+def assert_nothing_held(server, timeout_s=2.0):
+    """The model's own count of requests it holds (its internal maps) returns to 0."""
+    deadline = time.monotonic() + timeout_s
+    while (held := scrape(server.metrics_url).value("nv_llm_open_requests", model="tensorrt_llm")) != 0:
+        assert time.monotonic() < deadline, f"{held} requests still held by the model"
+        time.sleep(0.1)
+
+
 # -- 1. cancellation ---------------------------------------------------------------------------------------------
 
 
@@ -84,6 +93,7 @@ def test_cancelling_grpc_streams_frees_the_executor_within_200_ms(server):
         client.cancel()  # stop_stream(cancel_requests=True) does exactly this
     # Every slot is busy until the executor is told: the probe's first token shows when that happened.
     assert_slots_free(server, within_s=0.2)
+    assert_nothing_held(server)
 
 
 def test_cancelling_one_stream_leaves_the_others_running(server):
@@ -111,6 +121,7 @@ def test_stop_input_cancels_the_request_with_that_id_and_its_client_gets_cancell
         victim_client.close()
         stopper.close()
     assert_slots_free(server)
+    assert_nothing_held(server)
 
 
 def test_stop_for_an_unknown_id_is_invalid_arg(server):
@@ -132,6 +143,7 @@ def test_http_client_disconnecting_from_generate_stream_frees_its_slot(server):
         connection.sock.close()
         connection.close()
     assert_slots_free(server, within_s=0.3)
+    assert_nothing_held(server)
 
 
 def test_200_streams_cancelled_at_random_points_leak_nothing(server):
@@ -149,6 +161,7 @@ def test_200_streams_cancelled_at_random_points_leak_nothing(server):
         client.cancel()
     time.sleep(0.5)
     assert_slots_free(server)
+    assert_nothing_held(server)
     # ...and the server still serves full requests.
     assert stream_once(server.grpc_url, "tensorrt_llm", token_inputs([3], 30)).tokens() == expected([3], 30)
 

@@ -399,7 +399,7 @@ def test_triton_backend_makes_one_family_per_name(triton_io):
 def exported_series() -> dict[str, set[str]]:
     """Metric name -> the values of its family label (empty set: no family label), as the reporter exports them."""
     backend, feed = RecordingBackend(), StatsFeed()
-    metrics = MetricsReporter(backend, feed, model="m", version="1")
+    metrics = MetricsReporter(backend, feed, model="m", version="1", open_requests=lambda: 3)
     feed.pending = [
         IterationStats(
             timestamp=1.0, iteration=1, active_requests=1, queued_requests=1, max_active_requests=1,
@@ -436,3 +436,13 @@ def test_docs_name_every_exported_metric():
         assert f"`{name}" in docs, name
         for value in values:
             assert f"`{value}`" in docs or f'"{value}"' in docs, f"{name}: {value}"
+
+
+def test_open_requests_gauge_follows_the_poller_and_is_set_only_on_change():
+    backend, feed, held = RecordingBackend(), StatsFeed(), [2]
+    metrics = MetricsReporter(backend, feed, model="m", version="1", open_requests=lambda: held[0])
+    metrics.flush()
+    assert backend.get("nv_llm_open_requests").value == 2
+    held[0] = 0
+    metrics.flush()
+    assert backend.get("nv_llm_open_requests").value == 0

@@ -71,6 +71,7 @@ GAUGE_FAMILIES = {
 }
 # Ours: requests waiting in the executor's queue, not yet in the batch (NVIDIA's "waiting" means something else).
 QUEUED_GAUGE = "nv_llm_queued_requests"
+OPEN_GAUGE = "nv_llm_open_requests"  # requests the model holds (accepted, final response not yet sent)
 
 # Per-request metrics.
 INPUT_TOKEN_LEN = "nv_llm_input_token_len"
@@ -200,12 +201,14 @@ class MetricsReporter:
         version: str,
         period_s: float = 0.1,
         max_backlog: int = MAX_BACKLOG,
+        open_requests: Callable[[], int] | None = None,
     ) -> None:
         self.backend = backend
         self.iteration_stats = iteration_stats
         self.labels = {"model": model, "version": version}
         self.period_s = period_s
         self.max_backlog = max_backlog
+        self.open_requests = open_requests
         self._records: deque[FinishedRecord] = deque()  # appended by sender threads, drained by the flush
         self._unobserved: deque[FinishedRecord] = deque()  # counted, histograms not yet observed
         self._gauges: dict[tuple[str, str], Gauge] = {}
@@ -271,6 +274,7 @@ class MetricsReporter:
         """
         try:
             self._flush_gauges()
+            self._flush_open_requests()
             records = self._drain()
             self._count(records)  # first, and whole: counters stay exact even when histograms fall behind
             self._unobserved.extend(records)
@@ -280,6 +284,15 @@ class MetricsReporter:
             self._failures += 1
             if self._failures == 1 or self._failures % 1000 == 0:
                 log.exception("metrics flush failed (%d failures so far)", self._failures)
+
+    def _flush_open_requests(self) -> None:
+        if self.open_requests is None:
+            return
+        value = float(self.open_requests())
+        key = (OPEN_GAUGE, "")
+        if self._gauge_values.get(key) != value:
+            self._gauge(key).set(value)
+            self._gauge_values[key] = value
 
     def _drain(self) -> list[FinishedRecord]:
         records = []
@@ -305,6 +318,8 @@ class MetricsReporter:
             family, label_value = key
             if family == QUEUED_GAUGE:
                 gauge = self.backend.gauge(family, "Requests waiting in the executor's queue, not yet in the batch", self.labels)
+            elif family == OPEN_GAUGE:
+                gauge = self.backend.gauge(family, "Requests the model holds: accepted, final response not yet sent", self.labels)
             else:
                 description, label = GAUGE_FAMILIES[family]
                 gauge = self.backend.gauge(family, description, {**self.labels, label: label_value})

@@ -54,6 +54,7 @@ class TritonPythonModel:
             model=args["model_name"],
             version=args["model_version"],
             period_s=params.int("stats_check_period_ms", 100, minimum=1) / 1000.0,
+            open_requests=lambda: self.poller.open_requests,
         )
         self.poller = Poller(
             self.executor,

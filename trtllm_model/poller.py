@@ -243,7 +243,8 @@ class Poller:
         except Exception as exc:
             # The client is gone or the stream is closed: end only this request.
             log.warning("send failed for request %s: %s", ctx.executor_id, exc)
-            ctx.done = True
+            if not ctx.done:
+                self._finish(ctx, "cancelled")  # counted like a cancellation: the client went away
             self._cancel(ctx)
             self._forget(ctx)
 
