@@ -134,7 +134,7 @@ class Engine:
     # -- engine thread ---------------------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self.runner.attention_backends():
                 while self._next_iteration():
                     pass
         except BaseException as exc:  # noqa: BLE001 - any failure ends the engine; callers learn why

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .kv_cache import BatchKVCache
 
@@ -24,6 +26,13 @@ class ModelRunner:
         self.device, self.dtype = parameter.device, parameter.dtype
         # transformers 5.x renamed `past_key_values` to `cache`; accept either.
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def attention_backends(self) -> contextlib.AbstractContextManager:
+        """On CUDA, keep SDPA off cuDNN: it plans anew for every key length, so each decode step (one column
+        longer than the last) paid about 1.5 ms of CPU per layer for it (measured on an H200, bfloat16)."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def new_cache(self, rows: int = 1, columns: int = 16) -> BatchKVCache:
         return BatchKVCache(

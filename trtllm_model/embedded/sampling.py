@@ -158,10 +158,14 @@ def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tup
         values = torch.log_softmax(logits[index], -1).gather(1, chosen[:, None])[:, 0].tolist()
         for row, value in zip(greedy_rows, values):
             log_probs[row] = value
-    for row, state in enumerate(states):
-        if not state.params.greedy:
-            token, log_prob = _sample_row(logits[row], state.params, state.generator)
-            tokens[row] = token
-            if state.params.log_probs:
-                log_probs[row] = log_prob
+    sampling_rows = [row for row, state in enumerate(states) if not state.params.greedy]
+    # Sampling happens on the CPU, where the per-request generators live (the same seed, the same draws on any
+    # device); on CUDA that is one copy of the logits, not one per row.
+    host_logits = logits.cpu() if sampling_rows else logits
+    for row in sampling_rows:
+        state = states[row]
+        token, log_prob = _sample_row(host_logits[row], state.params, state.generator)
+        tokens[row] = token
+        if state.params.log_probs:
+            log_probs[row] = log_prob
     return tokens, log_probs
