@@ -3,7 +3,7 @@
 Token `i` (0-based) of a request is `(input_ids[-1] + 1 + i) % vocab_size`, so a test can predict every token.
 Each step every active request gains one token; waiting requests join at the next step while slots are free.
 
-Faults (GenerationRequest.faults, from the request parameter `synthetic_fault`):
+Faults (GenerationRequest.faults, from request parameters `synthetic_fault_<name>`, e.g. synthetic_fault_crash_at=3):
   reject           enqueue raises RequestRejected
   error_at=N       the request ends with an error step after N tokens
   crash_at=N       the engine thread dies after this request's N-th token (the executor is dead afterwards)
