@@ -122,6 +122,8 @@ def _sample_row(row: torch.Tensor, params: SamplingParams, generator: torch.Gene
     """Sample one token from one row of logits; returns it with its log prob after temperature."""
     scaled = row / params.temperature
     log_total = torch.logsumexp(scaled, 0)
+    if not torch.isfinite(log_total):  # every token banned: answer something rather than fail the whole batch
+        return int(row.argmax()), float("-inf")
     # Cut to candidates sorted by logit: top-k, or for top-p alone the few best tokens when they already hold
     # top_p of the probability (the usual case), which spares sorting the whole vocabulary.
     if params.top_k:

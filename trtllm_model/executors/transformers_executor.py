@@ -13,6 +13,9 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   max_num_tokens   tokens through the model per step: decoding sequences + prefilled prompt tokens (default 2048)
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
+
+Requests: beam_width and num_return_sequences must be 1; length_penalty (beam search only) and pad_id are
+ignored. The end token is not part of the output (as in TensorRT-LLM); stop words are.
 """
 
 from __future__ import annotations
