@@ -29,7 +29,6 @@ class Sequence:
     generator: torch.Generator | None
     deadline: float | None  # time.monotonic() past which it ends TIMED_OUT
     token_ids: list[int]  # prompt, then output
-    arrival: float = field(default_factory=time.monotonic)
     status: Status = Status.WAITING
     finish_reason: FinishReason = FinishReason.NOT_FINISHED
     output_counts: dict[int, int] = field(default_factory=dict)
