@@ -40,6 +40,7 @@ class Plan:
     w1: float
     channels: int = 4
     first_input_id: int = 0
+    step_s: float = 0.01  # the synthetic executor's step: token i of a request exists ~(i + 1) steps after it
 
 
 @dataclass
@@ -47,6 +48,8 @@ class WorkerResult:
     tokens: int = 0
     responses: int = 0
     gaps: array = field(default_factory=lambda: array("d"))  # seconds between responses of one load request
+    # Seconds from when the engine's pace says the newest token of a response existed to its arrival (load streams).
+    lags: array = field(default_factory=lambda: array("d"))
     ttft: array = field(default_factory=lambda: array("d"))  # probe requests sent inside the window
     burst_ttft: array = field(default_factory=lambda: array("d"))  # load requests (all sent at `start`)
     probe_requests: int = 0
@@ -116,8 +119,10 @@ async def _read(call, state: _Request, plan: Plan, result: WorkerResult, is_load
             if w0 <= now < w1:
                 result.tokens += count
                 result.responses += 1
-                if is_load and state.last >= w0:
-                    result.gaps.append(now - state.last)
+                if is_load:
+                    result.lags.append(now - state.sent - state.expected * plan.step_s)
+                    if state.last >= w0:
+                        result.gaps.append(now - state.last)
             if not state.first:
                 state.first = now
             state.last = now
@@ -175,7 +180,7 @@ async def _probe_stream(stub, plan: Plan, result: WorkerResult) -> None:
     except Exception as exc:  # noqa: BLE001
         result.errors.append(f"probe stream: {type(exc).__name__}: {exc}")
     finally:
-        if state is not None and not state.first and plan.w0 <= state.sent < plan.w1:
+        if state is not None and not state.first and state.sent < plan.w1:
             result.ttft.append(time.monotonic() - state.sent)  # a lower bound: it never came
             result.ttft_censored += 1
         call.cancel()

@@ -1,8 +1,12 @@
 """Count the tokens an executor generates, for bench/serving.py, without touching the model's hot path much.
 
-`count_generated(executor)` wraps the executor instance's `await_steps`: after each call it adds the steps'
-token counts to a 64-bit counter in a small file mapped into memory (path: $BENCH_COUNTER_FILE), which the
-benchmark reads at the start and the end of a measurement window. One add and one 8-byte write per await call.
+`count_generated(executor)` keeps a 64-bit counter in a small file mapped into memory (path:
+$BENCH_COUNTER_FILE), which the benchmark reads at the start and the end of a measurement window.
+For the synthetic executor it wraps the engine's own step (`_step`, on the engine thread, under the executor's
+lock): the count is what the engine produced, whether or not anyone has taken it yet. (Counting in
+`await_steps` instead would credit a model only when it takes the steps: a model stuck sending a backlog would
+show nothing generated.) Other executors: counted as `await_steps` returns. One add and one 8-byte write per
+engine step.
 """
 
 from __future__ import annotations
@@ -20,8 +24,20 @@ def count_generated(executor) -> None:
         return
     with open(path, "r+b") as file:
         memory = mmap.mmap(file.fileno(), _COUNTER.size)
-    inner = executor.await_steps
     total = 0
+    if hasattr(executor, "_step") and hasattr(executor, "_ready"):  # the synthetic engine
+        inner_step = executor._step
+
+        def step():
+            nonlocal total
+            before = len(executor._ready)
+            inner_step()
+            total += len(executor._ready) - before  # one Step (one token) per active request
+            _COUNTER.pack_into(memory, 0, total)
+
+        executor._step = step
+        return
+    inner = executor.await_steps
 
     def await_steps(timeout_s):
         nonlocal total

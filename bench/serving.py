@@ -153,7 +153,7 @@ def measure_point(server: Server, model: str, counter: CounterFile, pool: Proces
         plans.append(Plan(
             url=server.grpc_url, model=model, load_streams=share, load_tokens=load_tokens, probe=worker == 0,
             probe_tokens=args.probe_tokens, probe_pause_s=args.probe_pause_ms / 1000.0, start=start_at, w0=w0, w1=w1,
-            channels=args.channels, first_input_id=seed * 1000 + worker * 100 + 1,
+            channels=args.channels, first_input_id=seed * 1000 + worker * 100 + 1, step_s=args.step_ms / 1000.0,
         ))
     futures = [pool.submit(run_worker, plan) for plan in plans]
     root = psutil.Process(server.process.pid)
@@ -168,6 +168,7 @@ def measure_point(server: Server, model: str, counter: CounterFile, pool: Proces
     tokens = sum(r.tokens for r in results)
     responses = sum(r.responses for r in results)
     gaps = [g for r in results for g in r.gaps]
+    lags = [g for r in results for g in r.lags]
     ttft = [t for r in results for t in r.ttft]
     burst = [t for r in results for t in r.burst_ttft]
     client_cpu = [r.cpu_s / args.window for r in results]
@@ -182,6 +183,8 @@ def measure_point(server: Server, model: str, counter: CounterFile, pool: Proces
         "tokens_per_response": tokens / responses if responses else None,
         "gap_p50_ms": _scale(percentile(gaps, 50), ms),
         "gap_p99_ms": _scale(percentile(gaps, 99), ms),
+        "lag_p50_ms": _scale(percentile(lags, 50), ms),
+        "lag_p99_ms": _scale(percentile(lags, 99), ms),
         "ttft_p50_ms": _scale(percentile(ttft, 50), ms),
         "ttft_p99_ms": _scale(percentile(ttft, 99), ms),
         "ttft_samples": len(ttft),
@@ -228,7 +231,8 @@ def measure_model(kind: str, model: str, args, workroot: Path) -> dict:
                 point = measure_point(server, model, counter, pool, args, load, seed)
                 report["points"].append(point)
                 print(f"  {kind:8s} load {load:4d}: generated {point['generated_tokens_per_s']:8.0f}  delivered "
-                      f"{point['delivered_tokens_per_s']:8.0f}  responses/s {point['responses_per_s']:7.0f}  gap p50 "
+                      f"{point['delivered_tokens_per_s']:8.0f}  responses/s {point['responses_per_s']:7.0f}  lag p50 "
+                      f"{_fmt(point['lag_p50_ms'])} ms  gap p50 "
                       f"{_fmt(point['gap_p50_ms'])} ms  ttft p50 {_fmt(point['ttft_p50_ms'])} ms  server CPU "
                       f"{point['server_cpu_cores']:.2f}  client CPU max {point['client_cpu_cores_max_proc']:.2f}  "
                       f"errors {point['error_count']}", flush=True)
@@ -237,11 +241,12 @@ def measure_model(kind: str, model: str, args, workroot: Path) -> dict:
                 for error in point["errors"][:3]:
                     print(f"    error: {error}", flush=True)
         if not args.skip_perf_analyzer:
-            for concurrency in args.pa_concurrency:
-                pa = perf_analyzer.run(server.grpc_url, model, concurrency, args.pa_tokens)
+            runs = [(1, 1)] + [(concurrency, args.pa_tokens) for concurrency in args.pa_concurrency]
+            for concurrency, tokens in runs:  # c=1 with 1-token requests: latency = time to first token
+                pa = perf_analyzer.run(server.grpc_url, model, concurrency, tokens)
                 pa.pop("output", None) if "error" not in pa else None
                 report["perf_analyzer"].append(pa)
-                print(f"  {kind:8s} perf_analyzer c={concurrency}: {_pa_line(pa)}", flush=True)
+                print(f"  {kind:8s} perf_analyzer c={concurrency} x {tokens} tokens: {_pa_line(pa)}", flush=True)
                 wait_quiet(root)
     finally:
         server.stop()
@@ -259,7 +264,7 @@ def _pa_line(pa: dict) -> str:
     if "error" in pa:
         return f"error: {pa['error']}"
     return (f"{pa['tokens_per_s']:.0f} tokens/s ({pa['requests_per_s']:.1f} requests/s x {pa['tokens_per_request']}), "
-            f"responses/s {_fmt(pa['responses_per_s'], 0)}, latency p50 {pa['latency_p50_ms']:.0f} ms")
+            f"responses/s {_fmt(pa['responses_per_s'], 0)}, latency p50 {pa['latency_p50_ms']:.2f} ms")
 
 
 # -- report ----------------------------------------------------------------------------------------------------
@@ -267,8 +272,9 @@ def table(report: dict) -> str:
     ours, base = report["ours"], report["baseline"]
     by_load = {p["load_streams"]: p for p in base["points"]}
     rows = ["| streams | offered tok/s | model | generated tok/s | delivered tok/s | delivered/generated | responses/s | "
-            "tok/response | gap p50 / p99 ms | probe TTFT p50 / p99 ms | server CPU (cores) | client CPU (max proc) |",
-            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "tok/response | gap p50 / p99 ms | token lag p50 / p99 ms | probe TTFT p50 / p99 ms | server CPU (cores) | "
+            "client CPU (max proc) |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for point in ours["points"]:
         pair = [("ours", point)]
         if point["load_streams"] in by_load:
@@ -280,7 +286,8 @@ def table(report: dict) -> str:
             rows.append(
                 f"| {p['load_streams']} | {p['offered_tokens_per_s']:.0f} | {name} | {p['generated_tokens_per_s']:.0f} | "
                 f"{p['delivered_tokens_per_s']:.0f} | {_fmt(p['delivered_over_generated'], 3)} | {p['responses_per_s']:.0f} | "
-                f"{_fmt(p['tokens_per_response'], 2)} | {_fmt(p['gap_p50_ms'])} / {_fmt(p['gap_p99_ms'])} | {ttft} | "
+                f"{_fmt(p['tokens_per_response'], 2)} | {_fmt(p['gap_p50_ms'])} / {_fmt(p['gap_p99_ms'])} | "
+                f"{_fmt(p['lag_p50_ms'])} / {_fmt(p['lag_p99_ms'])} | {ttft} | "
                 f"{p['server_cpu_cores']:.2f} | {p['client_cpu_cores_max_proc']:.2f} |")
     rows.append("")
     rows.append("| ratio ours / baseline | delivered tok/s | responses/s | gap p50 (baseline / ours) |")
@@ -378,7 +385,7 @@ def main() -> int:
             print(line)
     for kind in args.models:
         for pa in report[kind]["perf_analyzer"]:
-            print(f"perf_analyzer {kind} c={pa.get('concurrency')}: {_pa_line(pa)}")
+            print(f"perf_analyzer {kind} c={pa.get('concurrency')} x {pa.get('tokens_per_request')} tokens: {_pa_line(pa)}")
     if not args.no_plot and "ours" in report and "baseline" in report:
         png = path.with_suffix(".png")
         plot(path, png)
