@@ -9,7 +9,7 @@ import urllib.request
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from triton_client import StreamClient, stream_once, token_inputs
+from triton_client import StreamClient, stream_once, text_inputs, token_inputs
 
 from trtllm_model.executors.synthetic import synthetic_token
 
@@ -131,3 +131,31 @@ def test_server_and_model_report_ready(synthetic_server):
             assert response.status == 200, path
     client = grpcclient.InferenceServerClient(synthetic_server.grpc_url)
     assert client.is_server_ready() and client.is_model_ready("tensorrt_llm")
+
+
+def test_ensemble_text_names_work_unchanged_with_optional_outputs(synthetic_server):
+    """NVIDIA's text-level client: the synthetic tokenizer is byte-level, so "hi" continues as "jkl"."""
+    inputs = text_inputs(
+        "hi", 3,
+        return_finish_reason=(True, np.bool_), return_num_input_tokens=(True, np.bool_),
+        return_num_output_tokens=(True, np.bool_), return_log_probs=(True, np.bool_),
+    )
+    result = stream_once(synthetic_server.grpc_url, "ensemble", inputs)
+    assert result.errors == [] and result.finals == 1
+    assert result.text() == "jkl"
+    last = result.responses[-1]
+    assert last.as_numpy("finish_reason").reshape(-1)[0] == b"length"
+    assert last.as_numpy("num_input_tokens").reshape(-1)[0] == 2
+    assert last.as_numpy("num_output_tokens").reshape(-1)[0] == 3
+    log_probs = [p for r in result.responses for p in r.as_numpy("output_log_probs").reshape(-1)]
+    assert len(log_probs) == 3
+
+
+def test_ensemble_generate_stream_over_http(synthetic_server):
+    status, body = _post(
+        f"{synthetic_server.http_url}/v2/models/ensemble/generate_stream",
+        {"text_input": "ab", "max_tokens": 4, "stream": True},
+    )
+    assert status == 200, body
+    events = [json.loads(line[len("data: "):]) for line in body.splitlines() if line.startswith("data: ")]
+    assert "".join(event["text_output"] for event in events) == "cdef"

@@ -168,3 +168,19 @@ def test_non_streaming_sends_one_response_with_everything(poller):
     assert len(stream.responses) == 1
     assert stream.tokens() == [4] + [synthetic_token([4], k, 32000) for k in range(12)]
 
+
+
+def test_a_bug_while_building_a_response_still_ends_the_request_with_an_error(poller):
+    class BrokenDetokenizer:
+        def push(self, tokens):
+            raise ValueError("detokenizer bug")
+
+    p = poller(detokenizer_factory=BrokenDetokenizer)
+    stream = ListStream()
+    ctx = context([1], 5, stream)
+    ctx.parsed.text_mode = True
+    p.submit(ctx)
+    assert stream.done.wait(5)
+    assert stream.finals() == 1
+    assert stream.responses[-1][:2] == ("error", ErrorCode.INTERNAL) and "detokenizer bug" in stream.responses[-1][2]
+    assert p.open_requests == 0

@@ -13,6 +13,7 @@ UNAVAILABLE when the executor dies or the model shuts down.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -241,10 +242,13 @@ class Poller:
                 self._finish(ctx, "error")
                 ctx.stream.send_error(failure.code, failure.message)
         except Exception as exc:
-            # The client is gone or the stream is closed: end only this request.
-            log.warning("send failed for request %s: %s", ctx.executor_id, exc)
+            # A failed send (client gone) or a bug while building the response: end only this request, and
+            # still try to give it its final response (which fails too if the client is gone).
+            log.warning("delivery failed for request %s: %s", ctx.executor_id, exc, exc_info=not _is_send_error(exc))
             if not ctx.done:
-                self._finish(ctx, "cancelled")  # counted like a cancellation: the client went away
+                self._finish(ctx, "cancelled" if _is_send_error(exc) else "error")  # client gone: cancelled
+                with contextlib.suppress(Exception):  # if the stream is gone, nobody is left to tell
+                    ctx.stream.send_error(ErrorCode.INTERNAL, f"response failed: {exc}")
             self._cancel(ctx)
             self._forget(ctx)
 
@@ -385,3 +389,8 @@ class Poller:
             with self._lock:
                 self._accepting = False
             self._fail_all(ErrorCode.UNAVAILABLE, "model is shutting down")
+
+
+def _is_send_error(exc: Exception) -> bool:
+    # Triton's stub raises TritonModelException when a response can no longer be sent.
+    return type(exc).__name__ == "TritonModelException"

@@ -56,7 +56,7 @@ class SyntheticTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True, **_: object) -> str:
         out = bytearray()
         for token in token_ids:
             if token < 256:
