@@ -353,7 +353,7 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["ours", "baseline"], choices=["ours", "baseline"])
     parser.add_argument("--skip-perf-analyzer", action="store_true")
     parser.add_argument("--pa-concurrency", type=int, nargs="+", default=[64, 256])
-    parser.add_argument("--pa-tokens", type=int, default=200)
+    parser.add_argument("--pa-tokens", type=int, default=50)
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config.pbtxt parameter for our model (e.g. sender_threads=4)")
     parser.add_argument("--no-plot", action="store_true")
