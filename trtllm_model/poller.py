@@ -219,7 +219,9 @@ class Poller:
                     stop = True
                 else:
                     pending.setdefault(item[0], []).append(item[1])
-            for ctx, work in pending.items():
+            # Requests still waiting for their first token go first: a round serves every stream once, so under
+            # load this keeps time to first token from growing with the number of streams.
+            for ctx, work in sorted(pending.items(), key=_has_first_token):
                 self._deliver(ctx, work)
             if stop:
                 return
@@ -394,3 +396,7 @@ class Poller:
 def _is_send_error(exc: Exception) -> bool:
     # Triton's stub raises TritonModelException when a response can no longer be sent.
     return type(exc).__name__ == "TritonModelException"
+
+
+def _has_first_token(item: tuple[RequestContext, list]) -> bool:
+    return item[0].first_token_ns != 0

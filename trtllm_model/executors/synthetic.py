@@ -214,7 +214,7 @@ class SyntheticExecutor(Executor):
             step.cum_log_prob = -0.5 * seq.generated
         if req.end_id is not None and token == req.end_id and seq.generated >= (req.min_tokens or 0):
             step.is_final, step.finish_reason = True, FinishReason.END_ID
-        elif any(self._ends_with(seq, word) for word in req.stop_words):
+        elif req.stop_words and any(self._ends_with(seq, word) for word in req.stop_words):
             step.is_final, step.finish_reason = True, FinishReason.STOP_WORDS
         elif seq.generated >= req.max_tokens:
             step.is_final, step.finish_reason = True, FinishReason.LENGTH
