@@ -66,10 +66,15 @@ class Update:
     new_tokens: list[list[int]]
     finished_now: list[int]  # sequence indices that finished in this iteration
     error: str | None = None
+    # Finish reasons as of this iteration: a consumer that lags behind the engine must not see later ones.
+    finished: list[str | None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.finished = list(self.job.finished)
 
     @property
     def job_done(self) -> bool:
-        return self.error is not None or all(reason is not None for reason in self.job.finished)
+        return self.error is not None or all(reason is not None for reason in self.finished)
 
 
 @dataclass

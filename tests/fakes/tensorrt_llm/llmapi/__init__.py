@@ -127,7 +127,7 @@ class RequestOutput:
             self.finished = True
             raise RequestError(update.error)
         job = update.job
-        for output, new, reason in zip(self.outputs, update.new_tokens, job.finished):
+        for output, new, reason in zip(self.outputs, update.new_tokens, update.finished):
             if job.beam_width > 1:
                 output.token_ids_diff = new[len(output.token_ids):] if new[: len(output.token_ids)] == \
                     output.token_ids else list(new)
