@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import signal
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 from .server import (
@@ -29,7 +34,21 @@ def serve(options: ServerOptions, ready_timeout_s: float) -> int:
     extra_env = {EXECUTOR_OVERRIDE_ENV: options.executor} if options.executor else {}
     process = subprocess.Popen(server_command(options), env=server_environment(extra_env))
 
+    stopping = threading.Event()
+
     def forward(signum, _frame):
+        if process.poll() is not None:
+            return
+        if stopping.is_set():  # a second Ctrl-C: stop now
+            process.send_signal(signum)
+            return
+        stopping.set()
+        threading.Thread(target=stop_gracefully, args=(signum,), daemon=True).start()
+
+    def stop_gracefully(signum):
+        # Unload the models first, while the server is whole: each ends its open streams with a final response.
+        # Stopped with streams still sending, tritonserver 2.51 sometimes aborts (boost lock_exception).
+        unload_models(connect_host, options.http_port)
         if process.poll() is None:
             process.send_signal(signum)
 
@@ -49,6 +68,28 @@ def serve(options: ServerOptions, ready_timeout_s: float) -> int:
     else:
         print("trtllm-triton: tritonserver exited before it was ready (see its log above)", file=sys.stderr)
     return process.wait()
+
+
+def unload_models(host: str, http_port: int, settle_s: float = 5.0) -> None:
+    """Ask the server to unload every ready model, and wait (bounded) until none is ready."""
+    base = f"http://{host}:{http_port}/v2/repository"
+
+    def ready_models() -> list[str]:
+        request = urllib.request.Request(f"{base}/index", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return [m["name"] for m in json.loads(response.read()) if m.get("state") == "READY"]
+
+    try:
+        for name in ready_models():
+            request = urllib.request.Request(f"{base}/models/{name}/unload", data=b"{}", method="POST")
+            with contextlib.suppress(OSError):  # unload answers when done; open streams may hold it: don't wait
+                urllib.request.urlopen(request, timeout=0.5).close()
+        deadline = time.monotonic() + settle_s
+        while ready_models() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # let the models' final responses leave
+    except OSError:
+        pass  # the server is already going away: nothing left to do gracefully
 
 
 def main(argv: list[str] | None = None) -> int:
