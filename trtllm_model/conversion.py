@@ -70,25 +70,40 @@ _ALIASES = {
 }
 
 
-def _pick(tensors: dict[str, np.ndarray], key: str) -> tuple[str, np.ndarray] | None:
-    found = [(name, tensors[name]) for name in _ALIASES.get(key, (key,)) if name in tensors]
-    if len(found) > 1:
-        raise InvalidInput(f"{found[0][0]} and {found[1][0]}: give only one of them")
-    return found[0] if found else None
+# Every alias -> its key, for the inputs read as one value per request.
+_SCALAR_KEYS = {alias: key for key, aliases in _ALIASES.items() for alias in aliases} | {
+    name: name
+    for name in (
+        "input_lengths", "beam_width", "end_id", "pad_id", "exclude_input_in_output", "temperature",
+        "repetition_penalty", "presence_penalty", "frequency_penalty", "return_log_probs", "num_return_sequences",
+        "allotted_time_ms", "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens",
+        "apply_chat_template", "stop",
+    )
+}
 
 
-def _scalar(tensors: dict[str, np.ndarray], key: str):
-    picked = _pick(tensors, key)
-    if picked is None:
-        return None
-    name, array = picked
-    if array.size != 1:
-        raise InvalidInput(f"{name}: expected one value per request, got shape {list(array.shape)}")
-    return name, array.reshape(-1)[0]
+def _scalars(tensors: dict[str, np.ndarray]) -> dict[str, tuple[str, object]]:
+    """The one-value inputs present, by key: (the name the client used, the value).
+
+    Driven by what the request carries, not by every input the model knows: parsing sits on the time-to-first-
+    token path, and a request usually carries three or four of these.
+    """
+    found: dict[str, tuple[str, object]] = {}
+    for name, array in tensors.items():
+        key = _SCALAR_KEYS.get(name)
+        if key is None:
+            continue
+        if key in found:
+            first, second = sorted((found[key][0], name), key=_ALIASES[key].index)
+            raise InvalidInput(f"{first} and {second}: give only one of them")
+        if array.size != 1:
+            raise InvalidInput(f"{name}: expected one value per request, got shape {list(array.shape)}")
+        found[key] = (name, array.reshape(-1)[0])
+    return found
 
 
-def _int(tensors, key, minimum: int | None = None, maximum: int | None = None) -> int | None:
-    got = _scalar(tensors, key)
+def _int(scalars, key, minimum: int | None = None, maximum: int | None = None) -> int | None:
+    got = scalars.get(key)
     if got is None:
         return None
     name, value = got
@@ -102,8 +117,8 @@ def _int(tensors, key, minimum: int | None = None, maximum: int | None = None) -
     return value
 
 
-def _float(tensors, key, minimum: float | None = None, maximum: float | None = None, open_min: bool = False):
-    got = _scalar(tensors, key)
+def _float(scalars, key, minimum: float | None = None, maximum: float | None = None, open_min: bool = False):
+    got = scalars.get(key)
     if got is None:
         return None
     name, value = got
@@ -118,8 +133,8 @@ def _float(tensors, key, minimum: float | None = None, maximum: float | None = N
     return value
 
 
-def _bool(tensors, key, default: bool = False) -> bool:
-    got = _scalar(tensors, key)
+def _bool(scalars, key, default: bool = False) -> bool:
+    got = scalars.get(key)
     if got is None:
         return default
     name, value = got
@@ -212,9 +227,10 @@ def parse_request(
     chat_template=None,
 ) -> ParsedRequest:
     """Validate one request's input tensors and turn them into a GenerationRequest."""
-    if _bool(tensors, "stop"):
-        return ParsedRequest(GenerationRequest(input_ids=[0], max_tokens=1), text_mode=False, stop_only=True)
     _check_batch_of_one(tensors)
+    scalars = _scalars(tensors)
+    if _bool(scalars, "stop"):
+        return ParsedRequest(GenerationRequest(input_ids=[0], max_tokens=1), text_mode=False, stop_only=True)
     text_mode = "text_input" in tensors
     if text_mode and "input_ids" in tensors:
         raise InvalidInput("text_input and input_ids: give one of them, not both")
@@ -227,12 +243,12 @@ def parse_request(
         text = _utf8("text_input", array.reshape(-1)[0])
         if not text:
             raise InvalidInput("text_input: the prompt is empty")
-        if _bool(tensors, "apply_chat_template", limits.apply_chat_template) and chat_template is not None:
+        if _bool(scalars, "apply_chat_template", limits.apply_chat_template) and chat_template is not None:
             text = chat_template(text)
         input_ids = tokenizer.encode(text)
     elif "input_ids" in tensors:
         input_ids = _token_list("input_ids", tensors["input_ids"], limits)
-        length = _int(tensors, "input_lengths", minimum=1, maximum=len(input_ids))
+        length = _int(scalars, "input_lengths", minimum=1, maximum=len(input_ids))
         if length is not None:
             input_ids = input_ids[:length]
     else:
@@ -242,12 +258,12 @@ def parse_request(
     if limits.max_input_len is not None and len(input_ids) > limits.max_input_len:
         raise InvalidInput(f"input_ids: prompt of {len(input_ids)} tokens is over max_input_len={limits.max_input_len}")
 
-    max_tokens = _int(tensors, "max_tokens", minimum=1, maximum=limits.max_output_len)
+    max_tokens = _int(scalars, "max_tokens", minimum=1, maximum=limits.max_output_len)
     if max_tokens is None:
         raise InvalidInput("request_output_len (max_tokens): required")
-    beam_width = _int(tensors, "beam_width", minimum=1) or 1
-    end_id = _int(tensors, "end_id", minimum=0)
-    pad_id = _int(tensors, "pad_id", minimum=0)
+    beam_width = _int(scalars, "beam_width", minimum=1) or 1
+    end_id = _int(scalars, "end_id", minimum=0)
+    pad_id = _int(scalars, "pad_id", minimum=0)
     if text_mode and end_id is None:
         end_id = tokenizer.eos_token_id  # as NVIDIA's preprocessing: text requests end at the tokenizer's EOS
     stop_words, bad_words = [], []
@@ -267,35 +283,35 @@ def parse_request(
     generation = GenerationRequest(
         input_ids=input_ids,
         max_tokens=max_tokens,
-        streaming=_bool(tensors, "streaming"),
+        streaming=_bool(scalars, "streaming"),
         end_id=end_id,
         pad_id=pad_id,
-        exclude_input_in_output=_bool(tensors, "exclude_input_in_output", limits.exclude_input_in_output),
-        temperature=_float(tensors, "temperature", minimum=0.0),
-        top_k=_int(tensors, "top_k", minimum=0),
-        top_p=_float(tensors, "top_p", minimum=0.0, maximum=1.0, open_min=True),
-        seed=_int(tensors, "seed", minimum=0, maximum=UINT64_MAX),
-        repetition_penalty=_float(tensors, "repetition_penalty", minimum=0.0, open_min=True),
-        presence_penalty=_float(tensors, "presence_penalty"),
-        frequency_penalty=_float(tensors, "frequency_penalty"),
-        length_penalty=_float(tensors, "length_penalty"),
-        min_tokens=_int(tensors, "min_tokens", minimum=0),
+        exclude_input_in_output=_bool(scalars, "exclude_input_in_output", limits.exclude_input_in_output),
+        temperature=_float(scalars, "temperature", minimum=0.0),
+        top_k=_int(scalars, "top_k", minimum=0),
+        top_p=_float(scalars, "top_p", minimum=0.0, maximum=1.0, open_min=True),
+        seed=_int(scalars, "seed", minimum=0, maximum=UINT64_MAX),
+        repetition_penalty=_float(scalars, "repetition_penalty", minimum=0.0, open_min=True),
+        presence_penalty=_float(scalars, "presence_penalty"),
+        frequency_penalty=_float(scalars, "frequency_penalty"),
+        length_penalty=_float(scalars, "length_penalty"),
+        min_tokens=_int(scalars, "min_tokens", minimum=0),
         stop_words=stop_words,
         bad_words=bad_words,
         embedding_bias=embedding_bias,
-        return_log_probs=_bool(tensors, "return_log_probs"),
+        return_log_probs=_bool(scalars, "return_log_probs"),
         beam_width=beam_width,
-        num_return_sequences=_int(tensors, "num_return_sequences", minimum=1) or 1,
-        allotted_time_ms=_int(tensors, "allotted_time_ms", minimum=1),
+        num_return_sequences=_int(scalars, "num_return_sequences", minimum=1) or 1,
+        allotted_time_ms=_int(scalars, "allotted_time_ms", minimum=1),
         faults={k[len("synthetic_fault_"):]: str(v) for k, v in parameters.items() if k.startswith("synthetic_fault_")},
     )
     return ParsedRequest(
         generation=generation,
         text_mode=text_mode,
         return_log_probs=generation.return_log_probs,
-        return_finish_reason=_bool(tensors, "return_finish_reason"),
-        return_num_input_tokens=_bool(tensors, "return_num_input_tokens"),
-        return_num_output_tokens=_bool(tensors, "return_num_output_tokens"),
+        return_finish_reason=_bool(scalars, "return_finish_reason"),
+        return_num_input_tokens=_bool(scalars, "return_num_input_tokens"),
+        return_num_output_tokens=_bool(scalars, "return_num_output_tokens"),
         prompt_ids=input_ids,
     )
 

@@ -1,10 +1,13 @@
 """The poller: moves requests into the executor and tokens out to their streams, and never loses a request.
 
 Threads (all started here, all stopped by `shutdown`):
-  poll      blocks in executor.await_steps (never spins) and routes each step to its request's sender shard
-  send-N    N sender threads; a request always maps to the same shard, so its responses stay in order.
-            A shard drains everything queued before sending, so several steps of one request leave as one
-            response (one IPC round trip instead of many).
+  worker-N  `sender_threads` + 1 workers share two jobs. One at a time waits on the executor (await_steps,
+            never spinning) and posts each step to its request's mailbox; the others deliver ready requests.
+            The worker that posted steps releases the executor to an idle worker and delivers the first ready
+            request itself: a token reaches Triton without a thread hand-off, and the executor is never
+            waited on by a thread that is sending. A request is delivered by one worker at a time, everything
+            in its mailbox as one response (one IPC round trip instead of many), so its responses stay in order
+            and coalesce under load; requests still waiting for their first token are delivered first.
   cancel    every `cancel_check_s`, asks each open stream once whether its client cancelled, in one pass
 
 Every accepted request ends with exactly one final response: its last tokens, an error, CANCELLED, or
@@ -15,9 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,9 +37,6 @@ class _Fail:
 
     code: ErrorCode
     message: str
-
-
-_STOP = object()
 
 
 class Poller:
@@ -66,11 +66,14 @@ class Poller:
         self._by_triton_id: dict[str, RequestContext] = {}
         self._accepting = True
         self._running = True
-        self._shards: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(max(1, sender_threads))]
-        self._threads = [threading.Thread(target=self._poll_loop, name="poller", daemon=True)]
-        self._threads += [
-            threading.Thread(target=self._send_loop, args=(q,), name=f"sender-{i}", daemon=True)
-            for i, q in enumerate(self._shards)
+        # Workers' shared state, under `_work`: requests with something to deliver, and whether a worker is
+        # waiting on the executor.
+        self._work = threading.Condition(threading.Lock())
+        self._ready: deque[RequestContext] = deque()
+        self._polling = False
+        self._threads = [
+            threading.Thread(target=self._work_loop, name=f"worker-{i}", daemon=True)
+            for i in range(max(1, sender_threads) + 1)
         ]
         self._threads.append(threading.Thread(target=self._cancel_loop, name="cancel-watch", daemon=True))
 
@@ -147,8 +150,8 @@ class Poller:
             self.executor.shutdown()
         except Exception:
             log.exception("executor shutdown failed")
-        for shard in self._shards:
-            shard.put(_STOP)
+        with self._work:
+            self._work.notify_all()  # workers deliver what is ready (the failures above), then exit
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             if thread.is_alive() and thread is not threading.current_thread():
@@ -159,24 +162,50 @@ class Poller:
             contexts = list(self._open.values())
             self._open.clear()
             self._by_triton_id.clear()
-        for ctx in contexts:
-            self._shard(ctx).put((ctx, _Fail(code, message)))
+        with self._work:
+            for ctx in contexts:
+                self._post(ctx, _Fail(code, message))
+            self._work.notify_all()
 
-    # -- poll thread -------------------------------------------------------------------------------------------
-    def _poll_loop(self) -> None:
-        while self._running:
-            try:
-                steps = self.executor.await_steps(self.await_timeout_s)
-            except Exception as exc:
-                self._executor_failed(f"{type(exc).__name__}: {exc}")
-                return
-            if steps:
-                self._route(steps)
-            elif (dead := self.executor.health_error()) is not None:
-                self._executor_failed(dead)
-                return
+    # -- workers -----------------------------------------------------------------------------------------------
+    def _work_loop(self) -> None:
+        while True:
+            with self._work:
+                while True:
+                    if self._ready:
+                        ctx = self._ready.popleft()
+                        break
+                    if not self._running:
+                        return
+                    if not self._polling and self.failure is None:
+                        self._polling = True
+                        ctx = None
+                        break
+                    self._work.wait()
+            if ctx is None:
+                self._poll_once()
+            else:
+                self._deliver_ready(ctx)
 
-    def _route(self, steps: list[Step]) -> None:
+    def _poll_once(self) -> None:
+        """Wait on the executor once (this worker holds the poll role) and post what it returns."""
+        try:
+            steps = self.executor.await_steps(self.await_timeout_s)
+            dead = None if steps else self.executor.health_error()
+        except Exception as exc:
+            steps, dead = [], f"{type(exc).__name__}: {exc}"
+        if dead is not None:
+            self._executor_failed(dead)  # sets `failure` first: no worker polls again
+        routed = self._route(steps) if steps else []
+        with self._work:
+            self._polling = False
+            for ctx, step in routed:
+                self._post(ctx, step)
+            # One idle worker takes over the executor, others take ready requests; this one delivers the first.
+            if routed:
+                self._work.notify(len(self._ready))
+
+    def _route(self, steps: list[Step]) -> list[tuple[RequestContext, Step]]:
         with self._lock:
             routed = []
             for step in steps:
@@ -187,8 +216,29 @@ class Poller:
                     del self._open[step.request_id]
                     self._by_triton_id.pop(ctx.triton_request_id, None)
                 routed.append((ctx, step))
-        for ctx, step in routed:
-            self._shard(ctx).put((ctx, step))
+        return routed
+
+    def _post(self, ctx: RequestContext, item: Step | _Fail) -> None:
+        """Put one step or failure in a request's mailbox and queue the request (caller holds `_work`)."""
+        ctx.mailbox.append(item)
+        if not ctx.scheduled:
+            ctx.scheduled = True
+            # Requests still waiting for their first token go first, so that under load time to first token
+            # does not grow with the number of streams.
+            if ctx.first_token_ns:
+                self._ready.append(ctx)
+            else:
+                self._ready.appendleft(ctx)
+
+    def _deliver_ready(self, ctx: RequestContext) -> None:
+        with self._work:
+            work, ctx.mailbox = ctx.mailbox, []
+        self._deliver(ctx, work)
+        with self._work:
+            if ctx.mailbox:  # more arrived while sending: back of the queue, delivered in a later turn
+                self._ready.append(ctx)
+            else:
+                ctx.scheduled = False
 
     def _executor_failed(self, reason: str) -> None:
         log.error("executor failed: %s", reason)
@@ -200,41 +250,23 @@ class Poller:
             except Exception:
                 log.exception("on_failure hook failed")
 
-    # -- sender threads ----------------------------------------------------------------------------------------
-    def _shard(self, ctx: RequestContext) -> queue.SimpleQueue:
-        return self._shards[ctx.executor_id % len(self._shards)]
-
-    def _send_loop(self, shard: queue.SimpleQueue) -> None:
-        while True:
-            items = [shard.get()]
-            while True:  # drain: everything already queued leaves in this round
-                try:
-                    items.append(shard.get_nowait())
-                except queue.Empty:
-                    break
-            pending: dict[RequestContext, list] = {}
-            stop = False
-            for item in items:
-                if item is _STOP:
-                    stop = True
-                else:
-                    pending.setdefault(item[0], []).append(item[1])
-            # Requests still waiting for their first token go first: a round serves every stream once, so under
-            # load this keeps time to first token from growing with the number of streams.
-            for ctx, work in sorted(pending.items(), key=_has_first_token):
-                self._deliver(ctx, work)
-            if stop:
-                return
-
+    # -- delivery ---------------------------------------------------------------------------------------------
     def _deliver(self, ctx: RequestContext, work: list) -> None:
         # Under the request's lock: the cancel watcher must never ask Triton about a request whose final
         # response is being sent (tritonserver 2.51 segfaults in ResponseFactoryIsCancelled after the final).
         with ctx.lock:
+            if ctx.done:
+                return
             self._deliver_locked(ctx, work)
+            finished = ctx.done
+        if finished and self.on_finished is not None:
+            # After the final response left: the metrics' bookkeeping stays off the time-to-last-token path.
+            try:
+                self.on_finished(ctx)
+            except Exception:
+                log.exception("on_finished hook failed")
 
     def _deliver_locked(self, ctx: RequestContext, work: list) -> None:
-        if ctx.done:
-            return
         try:
             failure = next((w for w in work if isinstance(w, _Fail)), None)
             steps = [w for w in work if isinstance(w, Step)]
@@ -321,14 +353,11 @@ class Poller:
         text = ctx.detokenizer.push(tokens) if tokens else ""
         return text + ctx.detokenizer.flush() if final else text
 
-    def _finish(self, ctx: RequestContext, reason: str) -> None:
+    @staticmethod
+    def _finish(ctx: RequestContext, reason: str) -> None:
+        """Mark the request ended before its final response is sent (`_deliver` reports it once sent)."""
         ctx.done = True
         ctx.finish_reason = reason
-        if self.on_finished is not None:
-            try:
-                self.on_finished(ctx)
-            except Exception:
-                log.exception("on_finished hook failed")
 
     def _send_error_now(self, ctx: RequestContext, code: ErrorCode, message: str) -> None:
         ctx.done = True
@@ -397,6 +426,3 @@ def _is_send_error(exc: Exception) -> bool:
     # Triton's stub raises TritonModelException when a response can no longer be sent.
     return type(exc).__name__ == "TritonModelException"
 
-
-def _has_first_token(item: tuple[RequestContext, list]) -> bool:
-    return item[0].first_token_ns != 0

@@ -48,6 +48,10 @@ class RequestContext:
     num_output_tokens: int = 0
     finish_reason: str | None = None
     cancel_requested: bool = False
+    # Poller state, under the poller's work lock: steps and failures not yet delivered, and whether the request
+    # is in the ready queue or being delivered (then it is not queued again).
+    mailbox: list = field(default_factory=list)
+    scheduled: bool = False
     # Set (under `lock`) before the final response is sent; the stream must not be touched afterwards.
     done: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
