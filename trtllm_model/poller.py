@@ -389,6 +389,10 @@ class Poller:
                 if not self._open:
                     self._lock.wait()  # nothing in flight: sleep until a submit (or shutdown) wakes us
                     continue
+            # A period first: a request that just arrived has not been cancelled yet, and asking (an IPC round trip
+            # each) while its executor step is starting would only compete with it.
+            time.sleep(self.cancel_check_s)
+            with self._lock:
                 contexts = [c for c in self._open.values() if not c.cancel_requested]
             for ctx in contexts:
                 with ctx.lock:  # see _deliver: never while (or after) its final response is sent
@@ -402,7 +406,6 @@ class Poller:
                 if cancelled:
                     self._cancel(ctx)
             self._check_still_serving()
-            time.sleep(self.cancel_check_s)
 
     def _check_still_serving(self) -> None:
         # Triton unloads a decoupled model only after every open request got its final response, and calls

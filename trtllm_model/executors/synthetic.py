@@ -74,7 +74,10 @@ class SyntheticExecutor(Executor):
         self.max_batch_size = max_batch_size
         self.vocab_size = vocab_size
         self._ids = itertools.count(1)
-        self._lock = threading.Condition()
+        # One lock, two conditions: work arriving wakes only the engine, steps ready wake only the awaiters.
+        mutex = threading.RLock()
+        self._lock = threading.Condition(mutex)
+        self._work_arrived = threading.Condition(mutex)
         self._waiting: deque[_Sequence] = deque()
         self._active: dict[int, _Sequence] = {}
         self._ready: list[Step] = []
@@ -96,7 +99,7 @@ class SyntheticExecutor(Executor):
                 raise ExecutorError(self._dead)
             request_id = next(self._ids)
             self._waiting.append(_Sequence(request_id, request))
-            self._lock.notify_all()
+            self._work_arrived.notify()
             return request_id
 
     def await_steps(self, timeout_s: float) -> list[Step]:
@@ -113,12 +116,13 @@ class SyntheticExecutor(Executor):
             for seq in itertools.chain(self._active.values(), self._waiting):
                 if seq.request_id == request_id:
                     seq.cancelled = True
-            self._lock.notify_all()
+            self._work_arrived.notify()
 
     def shutdown(self) -> None:
         with self._lock:
             self._stopping = True
             self._lock.notify_all()
+            self._work_arrived.notify()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
@@ -147,7 +151,7 @@ class SyntheticExecutor(Executor):
         while True:
             with self._lock:
                 while not self._stopping and not self._active and not self._waiting:
-                    self._lock.wait()  # idle: sleep until work arrives, no polling
+                    self._work_arrived.wait()  # idle: sleep until work arrives, no polling
                     next_step = time.monotonic()
                 if self._stopping:
                     return
