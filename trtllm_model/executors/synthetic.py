@@ -150,11 +150,16 @@ class SyntheticExecutor(Executor):
         next_step = time.monotonic()
         while True:
             with self._lock:
+                idle = False
                 while not self._stopping and not self._active and not self._waiting:
                     self._work_arrived.wait()  # idle: sleep until work arrives, no polling
-                    next_step = time.monotonic()
+                    idle = True
                 if self._stopping:
                     return
+                if idle:
+                    # An idle engine starts on a request as it arrives (as a C++ engine would): the first step is
+                    # due one step after the arrival, not after this Python thread next gets the GIL.
+                    next_step = self._waiting[0].started
                 stall = self._admit_and_stall_ms()
             if stall:
                 time.sleep(stall / 1000.0)
