@@ -52,9 +52,8 @@ from counted import CounterFile  # noqa: E402
 from trtllm_model.server import is_ready  # noqa: E402
 
 RESULTS = BENCH_DIR / "results"
-# ours: the product; baseline: naive NVIDIA-style model (bench/baseline_model); floor: the least a Python model can
-# do (bench/floor_model), measured at load 0 only, for what Triton + gRPC + client cost on their own.
-MODEL_NAMES = {"ours": "tensorrt_llm", "baseline": "baseline", "floor": "floor"}
+# ours: the product; baseline: a naive NVIDIA-style model (bench/baseline_model).
+MODEL_NAMES = {"ours": "tensorrt_llm", "baseline": "baseline"}
 
 
 # -- measurement helpers -------------------------------------------------------------------------------------------
@@ -223,11 +222,10 @@ def measure_model(kind: str, model: str, args, workroot: Path) -> dict:
         idle0 = tree_cpu_s(root)
         time.sleep(args.idle_s)
         report["idle_cpu_cores_before_load"] = (tree_cpu_s(root) - idle0) / args.idle_s
-        loads = [0] if kind == "floor" else args.loads
         with ProcessPoolExecutor(max_workers=args.client_procs, mp_context=get_context("spawn")) as pool:
             # Start every worker process before the first load point (spawning takes seconds on a busy box).
             list(pool.map(time.sleep, [0.5] * args.client_procs))
-            for seed, load in enumerate(loads):
+            for seed, load in enumerate(args.loads):
                 if server.process.poll() is not None or not is_ready("127.0.0.1", server.http_port):
                     report["failed"] = f"server not running/ready before load {load}; see {RESULTS}/server-{args.stamp}-{kind}.log"
                     print(f"  {kind}: {report['failed']}", flush=True)
@@ -245,7 +243,7 @@ def measure_model(kind: str, model: str, args, workroot: Path) -> dict:
                 for error in point["errors"][:3]:
                     print(f"    error: {error}", flush=True)
         if not args.skip_perf_analyzer:
-            runs = [(1, 1)] + ([] if kind == "floor" else [(c, args.pa_tokens) for c in args.pa_concurrency])
+            runs = [(1, 1)] + [(concurrency, args.pa_tokens) for concurrency in args.pa_concurrency]
             for concurrency, tokens in runs:  # c=1 with 1-token requests: latency = time to first token
                 pa = perf_analyzer.run(server.grpc_url, model, concurrency, tokens)
                 pa.pop("output", None) if "error" not in pa else None
@@ -283,8 +281,6 @@ def table(report: dict) -> str:
         pair = [("ours", point)]
         if point["load_streams"] in by_load:
             pair.append(("baseline", by_load[point["load_streams"]]))
-        if point["load_streams"] == 0 and report.get("floor", {}).get("points"):
-            pair.append(("floor", report["floor"]["points"][0]))
         for name, p in pair:
             ttft = f"{_fmt(p['ttft_p50_ms'])} / {_fmt(p['ttft_p99_ms'])}"
             if p["ttft_censored"]:
@@ -328,13 +324,11 @@ def targets(report: dict) -> list[str]:
     if 0 in ours and ours[0]["ttft_p50_ms"] is not None:
         inproc = report["in_process_ttft_p50_ms"]
         for client, key in (("asyncio probe", "probe"), ("perf_analyzer", "perf_analyzer")):
-            over = {kind: _ttft_p50_ms(report.get(kind), key) for kind in ("ours", "floor")}
-            over = {kind: None if v is None else v - inproc for kind, v in over.items()}
-            if over["ours"] is None:
-                continue
-            floor = "" if over["floor"] is None else f"; the floor model: +{over['floor']:.2f} ms"
-            lines.append(f"1 stream, {client}: TTFT p50 +{over['ours']:.2f} ms through Triton over {inproc:.2f} ms in "
-                         f"process (target <= 2 ms: {'met' if over['ours'] <= 2.0 else 'NOT met'}){floor}")
+            ttft = _ttft_p50_ms(report["ours"], key)
+            if ttft is not None:
+                over = ttft - inproc
+                lines.append(f"1 stream, {client}: TTFT p50 {ttft:.2f} ms through Triton vs {inproc:.2f} ms in process: "
+                             f"+{over:.2f} ms (target <= 2 ms: {'met' if over <= 2.0 else 'NOT met'})")
     idle = report["ours"].get("idle_cpu_cores_before_load")
     if idle is not None:
         lines.append(f"idle CPU (server tree, {report['args']['idle_s']:.0f} s before load): {100 * idle:.2f} % of a core "
@@ -342,10 +336,8 @@ def targets(report: dict) -> list[str]:
     return lines
 
 
-def _ttft_p50_ms(model_report: dict | None, client: str) -> float | None:
+def _ttft_p50_ms(model_report: dict, client: str) -> float | None:
     """TTFT p50 at one stream: the asyncio probe at load 0, or perf_analyzer's c=1 run of 1-token requests."""
-    if not model_report:
-        return None
     if client == "probe":
         return next((p["ttft_p50_ms"] for p in model_report["points"] if p["load_streams"] == 0), None)
     return next((pa.get("latency_p50_ms") for pa in model_report["perf_analyzer"]

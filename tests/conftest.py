@@ -93,8 +93,11 @@ def start_server(
     config_edits: dict[str, str] | None = None,
     ready_timeout_s: float = 300.0,
     expect_ready: bool = True,
+    server_args: list[str] | None = None,
 ) -> Server:
-    """Start `trtllm-triton serve` on free ports; returns once every model is ready (or raises with the log)."""
+    """Start `trtllm-triton serve` on free ports; returns once every model is ready (or raises with the log).
+
+    `server_args` go to tritonserver itself (after `--`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     if repository is None:
         repository = write_repository(workdir / "repository", parameters, models, config_edits)
@@ -107,6 +110,8 @@ def start_server(
     ]
     if executor:
         command.append(f"--executor={executor}")
+    if server_args:
+        command += ["--", *server_args]
     environment = dict(os.environ)
     environment.update(env or {})
     with open(log_path, "wb") as log_file:

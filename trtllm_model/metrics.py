@@ -209,7 +209,7 @@ class MetricsReporter:
         self.period_s = period_s
         self.max_backlog = max_backlog
         self.open_requests = open_requests
-        self._records: deque[FinishedRecord] = deque()  # appended by sender threads, drained by the flush
+        self._records: deque[FinishedRecord] = deque()  # appended by poller workers, drained by the flush
         self._unobserved: deque[FinishedRecord] = deque()  # counted, histograms not yet observed
         self._gauges: dict[tuple[str, str], Gauge] = {}
         self._gauge_values: dict[tuple[str, str], float] = {}
@@ -246,7 +246,7 @@ class MetricsReporter:
             DROPPED, "Finished requests left out of the histograms because the metrics thread fell behind", labels
         )
 
-    # -- called from the poller's sender threads: no metric calls, no locks ------------------------------------------
+    # -- called from the poller workers: no metric calls, no locks ------------------------------------------
     def record_finished(self, ctx: RequestContext) -> None:
         """The poller's on_finished hook: remember what the metrics need; the metrics thread does the rest."""
         self._records.append(FinishedRecord.from_context(ctx))  # deque.append is thread-safe

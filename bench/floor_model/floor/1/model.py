@@ -3,7 +3,8 @@
 execute() enqueues each request's `input_ids` and keeps its response sender; one thread blocks in
 `await_steps` and sends every step from that thread, the final flag on the last. No validation, no metrics, no
 cancellation, no coalescing: not a model to serve with. Time to first token through it is what Triton, the
-Python backend's IPC and the gRPC client cost on their own, which bench/serving.py sets beside ours (load 0).
+Python backend's IPC and the gRPC client cost on their own; `bench/ttft.py --compare ... floor=floor` sets it
+beside ours.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import triton_python_backend_utils as pb_utils
 from trtllm_model.executors.base import GenerationRequest
 from trtllm_model.executors.synthetic import SyntheticExecutor
 
-if os.environ.get("BENCH_DIR"):  # bench/serving.py counts generated tokens in every model it measures
+if os.environ.get("BENCH_DIR"):  # the benchmarks count generated tokens in every model they measure
     sys.path.insert(0, os.environ["BENCH_DIR"])
     from counted import count_generated
 else:  # pragma: no cover - loaded outside the benchmark
