@@ -92,6 +92,34 @@ def test_slow_sender_coalesces_steps_into_fewer_responses(poller):
     assert len(slow.responses) < 30
 
 
+def test_a_send_that_blocks_stalls_neither_the_executor_nor_other_streams(poller):
+    # With one sender thread (two workers): while one worker is stuck in a send, the other keeps taking steps
+    # from the executor and delivers the other stream; the stuck stream's steps wait in its mailbox and leave
+    # together, in order, once the send returns.
+    p = poller(step_ms=1.0, sender_threads=1)
+    release = threading.Event()
+    stuck = ListStream()
+    original = stuck.send
+
+    def blocking_send(outputs, final):
+        release.wait(10)
+        original(outputs, final)
+
+    stuck.send = blocking_send
+    p.submit(context([1], 40, stuck))
+    time.sleep(0.05)  # the stuck stream's first send is now blocked
+    other = ListStream()
+    p.submit(context([2], 40, other))
+    assert other.done.wait(5), "a blocked send stalled another stream"
+    assert other.tokens() == [synthetic_token([2], k, 32000) for k in range(40)]
+    assert not stuck.done.is_set()
+    release.set()
+    assert stuck.done.wait(5)
+    assert stuck.tokens() == [synthetic_token([1], k, 32000) for k in range(40)]
+    assert stuck.finals() == 1
+    assert len(stuck.responses) <= 3  # the first token, then everything that piled up behind the blocked send
+
+
 def test_failed_send_ends_only_that_stream(poller):
     p = poller()
     broken, healthy = ListStream(fail_after=2), ListStream()
