@@ -360,7 +360,9 @@ def main() -> int:
     parser.add_argument("--client-procs", type=int, default=2)
     parser.add_argument("--channels", type=int, default=4, help="gRPC channels per client process")
     parser.add_argument("--probe-tokens", type=int, default=1)
-    parser.add_argument("--probe-pause-ms", type=float, default=5.0)
+    parser.add_argument("--probe-pause-ms", type=float, default=0.0,
+                        help="pause between probe requests (0: a closed loop, as perf_analyzer's); the in-process "
+                             "reference uses the same")
     parser.add_argument("--idle-s", type=float, default=5.0)
     parser.add_argument("--in-process-samples", type=int, default=200)
     parser.add_argument("--models", nargs="+", default=list(MODEL_NAMES), choices=list(MODEL_NAMES))

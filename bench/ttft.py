@@ -5,9 +5,10 @@
 
 Phases: starts a server (synthetic executor, 10 ms steps, only `tensorrt_llm` loaded) with Triton's own trace at
 TIMESTAMPS level for every request and bench/traced_model.py as the model (the product plus timestamps), sends
-`--requests` 1-token requests one after another on one gRPC stream (asyncio, 5 ms pause: bench/serving.py's
-probe) and prints, for each event on the way, the median time since the client sent the request, and the median
-of each step between consecutive events. Every clock is CLOCK_MONOTONIC, shared by the three processes.
+`--requests` 1-token requests one after another on one gRPC stream (asyncio, `--pause-ms` between them, 0 by
+default: bench/serving.py's probe) and prints, for each event on the way, the median time since the client sent
+the request, and the median of each step between consecutive events. Every clock is CLOCK_MONOTONIC, shared by
+the three processes.
 
 Compare: starts one server per source tree at once (a revision is checked out with `git worktree`; `.` is this
 tree; `floor` is bench/floor_model, the least a Python model can do with the same executor) and alternates
@@ -154,7 +155,7 @@ def checkout(label: str, revision: str, workroot: Path) -> Path | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--pause-ms", type=float, default=5.0)
+    parser.add_argument("--pause-ms", type=float, default=0.0, help="between requests (the in-process reference too)")
     parser.add_argument("--compare", nargs="+", metavar="LABEL=REVISION", help="git revisions (or .) to compare")
     args = parser.parse_args()
     skip = 20  # the first requests warm the path up
