@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import bisect
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -93,12 +92,8 @@ def start(workdir: Path, source: Path | None, traced: bool, server_args: list[st
         shutil.copy(BENCH_DIR / "traced_model.py", repository / "tensorrt_llm" / "1" / "model.py")
         env["BENCH_TRACE_FILE"] = str(workdir / "model-events.json")
     # The server runs from the source tree, so the stub imports that tree's trtllm_model.
-    cwd = os.getcwd()
-    os.chdir(source)
-    try:
-        return start_server(workdir, executor="synthetic", repository=repository, env=env, server_args=server_args)
-    finally:
-        os.chdir(cwd)
+    return start_server(workdir, executor="synthetic", repository=repository, env=env, server_args=server_args,
+                        cwd=source)
 
 
 def phases(workdir: Path, timings: dict[str, tuple[int, int]], skip: int) -> list[tuple[str, float]]:

@@ -94,10 +94,11 @@ def start_server(
     ready_timeout_s: float = 300.0,
     expect_ready: bool = True,
     server_args: list[str] | None = None,
+    cwd: Path | None = None,
 ) -> Server:
     """Start `trtllm-triton serve` on free ports; returns once every model is ready (or raises with the log).
 
-    `server_args` go to tritonserver itself (after `--`)."""
+    `server_args` go to tritonserver itself (after `--`); `cwd` is the server's working directory."""
     workdir.mkdir(parents=True, exist_ok=True)
     if repository is None:
         repository = write_repository(workdir / "repository", parameters, models, config_edits)
@@ -115,7 +116,7 @@ def start_server(
     environment = dict(os.environ)
     environment.update(env or {})
     with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment)
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment, cwd=cwd)
     server = Server(process, http_port, grpc_port, metrics_port, log_path, repository)
     if not expect_ready:
         return server

@@ -82,6 +82,15 @@ _SCALAR_KEYS = {alias: key for key, aliases in _ALIASES.items() for alias in ali
 }
 
 
+_ONE_VALUE_KEYS = frozenset(_SCALAR_KEYS.values())
+
+
+def _one_value(scalars: dict[str, tuple[str, object]], key: str) -> tuple[str, object] | None:
+    if key not in _ONE_VALUE_KEYS:  # a key missing from _SCALAR_KEYS would otherwise never be read
+        raise KeyError(f"{key}: add it to _SCALAR_KEYS")
+    return scalars.get(key)
+
+
 def _scalars(tensors: dict[str, np.ndarray]) -> dict[str, tuple[str, object]]:
     """The one-value inputs present, by key: (the name the client used, the value).
 
@@ -103,7 +112,7 @@ def _scalars(tensors: dict[str, np.ndarray]) -> dict[str, tuple[str, object]]:
 
 
 def _int(scalars, key, minimum: int | None = None, maximum: int | None = None) -> int | None:
-    got = scalars.get(key)
+    got = _one_value(scalars, key)
     if got is None:
         return None
     name, value = got
@@ -118,7 +127,7 @@ def _int(scalars, key, minimum: int | None = None, maximum: int | None = None) -
 
 
 def _float(scalars, key, minimum: float | None = None, maximum: float | None = None, open_min: bool = False):
-    got = scalars.get(key)
+    got = _one_value(scalars, key)
     if got is None:
         return None
     name, value = got
@@ -134,7 +143,7 @@ def _float(scalars, key, minimum: float | None = None, maximum: float | None = N
 
 
 def _bool(scalars, key, default: bool = False) -> bool:
-    got = scalars.get(key)
+    got = _one_value(scalars, key)
     if got is None:
         return default
     name, value = got

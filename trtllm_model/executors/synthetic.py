@@ -115,8 +115,7 @@ class SyntheticExecutor(Executor):
         with self._lock:
             for seq in itertools.chain(self._active.values(), self._waiting):
                 if seq.request_id == request_id:
-                    seq.cancelled = True
-            self._work_arrived.notify()
+                    seq.cancelled = True  # seen at the next step; an engine with this request is not idle
 
     def shutdown(self) -> None:
         with self._lock:
