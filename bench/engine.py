@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trtllm_model.detokenizer import apply_chat_template  # noqa: E402
 from trtllm_model.embedded.model_loading import load_model  # noqa: E402
-from trtllm_model.executors.base import GenerationRequest  # noqa: E402
+from trtllm_model.executor_interface import GenerationRequest  # noqa: E402
 from trtllm_model.executors.transformers_executor import TransformersExecutor  # noqa: E402
 
 QUESTIONS = [

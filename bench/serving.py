@@ -101,7 +101,7 @@ def wait_quiet(root: psutil.Process, below_cores: float = 0.05, timeout_s: float
 
 def in_process_ttft(step_ms: float, samples: int, pause_s: float) -> list[float]:
     """Time to first token of SyntheticExecutor called directly, requests one after another (as the probe does)."""
-    from trtllm_model.executors.base import GenerationRequest
+    from trtllm_model.executor_interface import GenerationRequest
     from trtllm_model.executors.synthetic import SyntheticExecutor
 
     executor = SyntheticExecutor(step_ms=step_ms, max_batch_size=8)

@@ -17,7 +17,7 @@ import pytest
 from prometheus_text import parse
 from test_poller import ListStream, context
 
-from trtllm_model.executors.base import IterationStats, KvCacheStats
+from trtllm_model.executor_interface import IterationStats, KvCacheStats
 from trtllm_model.executors.synthetic import SyntheticExecutor
 from trtllm_model.metrics import (
     DROPPED,

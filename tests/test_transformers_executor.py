@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trtllm_model.embedded.model_loading import load_model
-from trtllm_model.executors.base import (
+from trtllm_model.executor_interface import (
     ExecutorError,
     FinishReason,
     GenerationRequest,

@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from trtllm_support import collect_until_final, fake_tokens, forget_tensorrt_llm, make_engine_dir, use_fake_tensorrt_llm
 
+from trtllm_model.executor_interface import ExecutorError, FinishReason, GenerationRequest, RequestRejected
 from trtllm_model.executors import create_executor
-from trtllm_model.executors.base import ExecutorError, FinishReason, GenerationRequest, RequestRejected
 from trtllm_model.executors.trtllm_mapping import (
     executor_config,
     iteration_stats_from,

@@ -16,8 +16,8 @@ from trtllm_support import (
     use_fake_tensorrt_llm,
 )
 
+from trtllm_model.executor_interface import ExecutorError, FinishReason, GenerationRequest, RequestRejected
 from trtllm_model.executors import create_executor
-from trtllm_model.executors.base import ExecutorError, FinishReason, GenerationRequest, RequestRejected
 from trtllm_model.executors.trtllm_llmapi_mapping import (
     OutputState,
     finish_reason,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .executors.base import GenerationRequest, Tokenizer
+from .executor_interface import GenerationRequest, Tokenizer
 
 UINT64_MAX = 2**64 - 1
 

@@ -13,7 +13,7 @@ The window restarts at the last token whenever everything is sent, so a push cos
 
 from __future__ import annotations
 
-from .executors.base import Tokenizer
+from .executor_interface import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 # A window that grows past this many tokens while its end is still an unfinished character (a run of invalid

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .executors.base import IterationStats
+from .executor_interface import IterationStats
 from .request_context import RequestContext
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .conversion import response_outputs
-from .executors.base import Executor, ExecutorError, FinishReason, RequestRejected, Step
+from .executor_interface import Executor, ExecutorError, FinishReason, RequestRejected, Step
 from .request_context import ErrorCode, RequestContext
 
 log = logging.getLogger(__name__)

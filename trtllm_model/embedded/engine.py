@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..executors.base import FinishReason, IterationStats, KvCacheStats, Step
+from ..executor_interface import FinishReason, IterationStats, KvCacheStats, Step
 from .runner import ModelRunner
 from .sampling import sample_next_tokens
 from .scheduler import Scheduler, SchedulerLimits, prefill_groups

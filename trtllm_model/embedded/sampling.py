@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..executors.base import GenerationRequest
+from ..executor_interface import GenerationRequest
 
 # Top-p alone first looks among this many best tokens (exact: it sorts everything when they hold too little).
 TOP_P_CANDIDATES = 256

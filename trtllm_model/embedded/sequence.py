@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..executors.base import FinishReason, GenerationRequest, Step
+from ..executor_interface import FinishReason, GenerationRequest, Step
 from .sampling import SamplingParams, SamplingState
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import importlib
 
+from ..executor_interface import Executor
 from ..params import ConfigError, Params
-from .base import Executor
 
 DEFAULT_EXECUTOR = "transformers"
 

@@ -18,8 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..params import Params
-from .base import (
+from ..executor_interface import (
     Executor,
     ExecutorError,
     FinishReason,
@@ -28,6 +27,7 @@ from .base import (
     RequestRejected,
     Step,
 )
+from ..params import Params
 
 PARAMETERS = frozenset({"synthetic_step_ms", "synthetic_vocab_size"})
 FAULTS = ("reject", "error_at", "crash_at", "stall_ms")

@@ -29,8 +29,16 @@ from ..embedded.engine import Engine, EngineConfig, EngineDead
 from ..embedded.model_loading import load_model
 from ..embedded.runner import ModelRunner
 from ..embedded.sequence import Sequence
+from ..executor_interface import (
+    Executor,
+    ExecutorError,
+    GenerationRequest,
+    IterationStats,
+    RequestRejected,
+    Step,
+    Tokenizer,
+)
 from ..params import ConfigError, Params
-from .base import Executor, ExecutorError, GenerationRequest, IterationStats, RequestRejected, Step, Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..executor_interface import (
+    Executor,
+    ExecutorError,
+    GenerationRequest,
+    IterationStats,
+    RequestRejected,
+    Step,
+    Tokenizer,
+)
 from ..params import ConfigError, Params
-from .base import Executor, ExecutorError, GenerationRequest, IterationStats, RequestRejected, Step, Tokenizer
 from .trtllm_mapping import (
     NOT_APPLIED_NVIDIA_PARAMETERS,
     executor_config,

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..params import ConfigError, Params
-from .base import (
+from ..executor_interface import (
     Executor,
     ExecutorError,
     FinishReason,
@@ -27,6 +26,7 @@ from .base import (
     Step,
     Tokenizer,
 )
+from ..params import ConfigError, Params
 from .trtllm_engine import import_tensorrt_llm
 from .trtllm_llmapi_mapping import (
     ENGINE_ONLY_NVIDIA_PARAMETERS,

@@ -12,8 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..executor_interface import (
+    FinishReason,
+    GenerationRequest,
+    IterationStats,
+    KvCacheStats,
+    RequestRejected,
+    Step,
+    Tokenizer,
+)
 from ..params import ConfigError, Params
-from .base import FinishReason, GenerationRequest, IterationStats, KvCacheStats, RequestRejected, Step, Tokenizer
 from .trtllm_mapping import stats_timestamp
 
 # The LLM API's finish_reason strings ('stop' is split by stop_reason: None means the end token).

@@ -11,8 +11,8 @@ from datetime import datetime, timedelta
 from types import ModuleType
 from typing import Any
 
+from ..executor_interface import FinishReason, GenerationRequest, IterationStats, KvCacheStats, Step
 from ..params import ConfigError, Params
-from .base import FinishReason, GenerationRequest, IterationStats, KvCacheStats, Step
 
 BATCHING_TYPES = {"inflight_fused_batching": "INFLIGHT", "inflight_batching": "INFLIGHT", "v1": "STATIC"}
 SCHEDULER_POLICIES = {

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtllm_model.executors.base import GenerationRequest
+from trtllm_model.executor_interface import GenerationRequest
 from trtllm_model.executors.synthetic import SyntheticExecutor
 
 if os.environ.get("BENCH_DIR"):  # bench/serving.py counts generated tokens in every model it measures

@@ -17,7 +17,7 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtllm_model.executors.base import GenerationRequest
+from trtllm_model.executor_interface import GenerationRequest
 from trtllm_model.executors.synthetic import SyntheticExecutor
 
 if os.environ.get("BENCH_DIR"):  # the benchmarks count generated tokens in every model they measure

@@ -3,6 +3,9 @@
 It mirrors TensorRT-LLM's executor: `enqueue` returns an id, `await_steps` blocks until any request has new
 tokens (or the timeout passes), a step carries only what is new since the previous one, `cancel` takes an id.
 Executors never see Triton objects; TensorRT-LLM objects never leave the `trtllm_*` adapters.
+
+The layers import only downward: Triton edge (model.py, triton_io.py) -> poller -> this interface -> engines
+(`executors/` adapters, and `embedded/` below the transformers executor). Nothing here imports the package.
 """
 
 from __future__ import annotations
