@@ -5,13 +5,16 @@ max_tokens, so no request ends early), greedy, one run each:
   executor @ c   the prompts through TransformersExecutor with at most c requests in flight (a closed loop)
   sequential     model.generate on one prompt at a time
   static         one model.generate over all prompts, left-padded into one batch
+Each level runs max(level, --prompts) prompts, and the static batch is measured over those same prompts.
 Tokens/s counts generated tokens only. Run: `.venv/bin/python bench/engine.py` (about 10 minutes on 2 CPU cores);
-shorter: `--max-tokens 16 --prompts 8 --levels 1,8`.
+shorter: `--max-tokens 16 --prompts 8 --levels 1,8`. On a GPU (bench/gpu/run_on_gpu.sh engine ...):
+`--device cuda --levels 1,32,128,256 --prompts 8 --sequential-prompts 8`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -79,7 +82,7 @@ def run_executor(executor: TransformersExecutor, prompts: list[list[int]], max_t
 def run_sequential(model, prompts: list[list[int]], max_tokens: int, pad_id: int) -> tuple[int, float]:
     tokens, begin = 0, time.monotonic()
     for prompt in prompts:
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=model.device)
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
@@ -89,6 +92,7 @@ def run_sequential(model, prompts: list[list[int]], max_tokens: int, pad_id: int
             pad_token_id=pad_id,
         )
         tokens += out.shape[1] - len(prompt)
+    _synchronize(model)
     return tokens, time.monotonic() - begin
 
 
@@ -99,6 +103,7 @@ def run_static(model, prompts: list[list[int]], max_tokens: int, pad_id: int) ->
     for row, prompt in enumerate(prompts):
         ids[row, width - len(prompt) :] = torch.tensor(prompt)
         mask[row, width - len(prompt) :] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
     begin = time.monotonic()
     out = model.generate(
         ids,
@@ -108,66 +113,102 @@ def run_static(model, prompts: list[list[int]], max_tokens: int, pad_id: int) ->
         do_sample=False,
         pad_token_id=pad_id,
     )
+    _synchronize(model)
     return (out.shape[1] - width) * len(prompts), time.monotonic() - begin
+
+
+def _synchronize(model) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=32, help="requests per measurement (default 32)")
+    parser.add_argument("--prompts", type=int, default=32,
+                        help="requests per measurement: at least this many, and at least the level (default 32)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (default 64)")
     parser.add_argument("--levels", default="1,8,32", help="executor concurrency levels (default 1,8,32)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    parser.add_argument("--dtype", default=None, help="float32 (default on CPU) or bfloat16 (default on CUDA)")
+    parser.add_argument("--sequential-prompts", type=int, default=None,
+                        help="prompts for the one-at-a-time baseline (its tokens/s does not depend on how many; "
+                             "default: --prompts)")
     parser.add_argument("--skip-sequential", action="store_true", help="skip the one-at-a-time generate baseline")
+    parser.add_argument("--results-dir", default=None, help="also write engine-<time>.json there")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="TransformersExecutor keyword (e.g. cuda_graphs=0), for measuring one change")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     levels = [int(level) for level in args.levels.split(",") if level]
+    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
 
-    loaded = load_model()
+    loaded = load_model(device=args.device, dtype=dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    prompts = chat_prompts(tokenizer, args.prompts)
-    lengths = [len(prompt) for prompt in prompts]
+    all_prompts = chat_prompts(tokenizer, max([args.prompts, args.sequential_prompts or 0, *levels]))
+    lengths = [len(prompt) for prompt in all_prompts]
     print(
-        f"{len(prompts)} prompts of {min(lengths)}-{max(lengths)} tokens, {args.max_tokens} new tokens each, "
+        f"{args.device} {dtype}: prompts of {min(lengths)}-{max(lengths)} tokens, {args.max_tokens} new tokens each, "
         f"torch threads {torch.get_num_threads()}",
         flush=True,
     )
+    extra = {key: int(value) for key, value in (item.split("=", 1) for item in args.param)}
 
-    rows = []  # (name, concurrency, tokens, seconds, ttft p50)
+    rows = []  # dicts: method, in_flight, prompts, tokens, seconds, ttft_p50_s
     with torch.inference_mode():
-        model.generate(torch.tensor([prompts[0]]), max_new_tokens=2, do_sample=False, pad_token_id=pad_id)  # warm-up
-        executor = TransformersExecutor(model, tokenizer, max_batch_size=max(levels), max_num_tokens=4096)
+        warm = torch.tensor([all_prompts[0]], device=model.device)
+        model.generate(warm, max_new_tokens=2, do_sample=False, pad_token_id=pad_id)
+        executor = TransformersExecutor(model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192, **extra)
         try:
+            run_executor(executor, all_prompts[: max(levels)], 4, max(levels))  # warm-up (allocations, graphs)
             for level in levels:
+                prompts = all_prompts[: max(level, args.prompts)]
                 tokens, seconds, ttfts = run_executor(executor, prompts, args.max_tokens, level)
-                rows.append((f"executor @ {level}", level, tokens, seconds, statistics.median(ttfts)))
-                print(f"  done: {rows[-1][0]}: {tokens / seconds:.1f} tok/s", flush=True)
+                rows.append(_row(f"executor @ {level}", level, len(prompts), tokens, seconds, statistics.median(ttfts)))
         finally:
             executor.shutdown()
         if not args.skip_sequential:
+            prompts = all_prompts[: args.sequential_prompts or args.prompts]
             tokens, seconds = run_sequential(model, prompts, args.max_tokens, pad_id)
-            rows.append(("generate, sequential", 1, tokens, seconds, None))
-            print(f"  done: sequential: {tokens / seconds:.1f} tok/s", flush=True)
-        tokens, seconds = run_static(model, prompts, args.max_tokens, pad_id)
-        rows.append((f"generate, static batch of {len(prompts)}", len(prompts), tokens, seconds, None))
-        print(f"  done: static: {tokens / seconds:.1f} tok/s", flush=True)
+            rows.append(_row("generate, sequential", 1, len(prompts), tokens, seconds, None))
+        for count in sorted({max(level, args.prompts) for level in levels}):
+            tokens, seconds = run_static(model, all_prompts[:count], args.max_tokens, pad_id)
+            rows.append(_row(f"generate, static batch of {count}", count, count, tokens, seconds, None))
 
-    rate = {name: tokens / seconds for name, _, tokens, seconds, _ in rows}
+    rate = {row["method"]: row["tokens_per_s"] for row in rows}
     sequential = rate.get("generate, sequential")
-    static = rate[rows[-1][0]]
     print()
     print(
-        f"| {'method':<30} | {'in flight':>9} | {'tokens':>6} | {'wall s':>7} | {'tok/s':>6} | "
-        f"{'TTFT p50 s':>10} | {'vs sequential':>13} | {'vs static':>9} |"
+        f"| {'method':<30} | {'in flight':>9} | {'prompts':>7} | {'tokens':>6} | {'wall s':>7} | {'tok/s':>8} | "
+        f"{'TTFT p50 s':>10} | {'vs sequential':>13} | {'vs static, same prompts':>23} |"
     )
-    print(f"|{'-' * 32}|{'-' * 11}|{'-' * 8}|{'-' * 9}|{'-' * 8}|{'-' * 12}|{'-' * 15}|{'-' * 11}|")
-    for name, level, tokens, seconds, ttft in rows:
-        versus_sequential = f"{rate[name] / sequential:.2f}x" if sequential else "-"
-        ttft_text = f"{ttft:.2f}" if ttft is not None else "-"
+    print(f"|{'-' * 32}|{'-' * 11}|{'-' * 9}|{'-' * 8}|{'-' * 9}|{'-' * 10}|{'-' * 12}|{'-' * 15}|{'-' * 25}|")
+    for row in rows:
+        static = rate.get(f"generate, static batch of {row['prompts']}")
+        row["vs_sequential"] = row["tokens_per_s"] / sequential if sequential else None
+        row["vs_static_same_prompts"] = row["tokens_per_s"] / static if static else None
+        ttft = f"{row['ttft_p50_s']:.3f}" if row["ttft_p50_s"] is not None else "-"
+        versus_sequential = f"{row['vs_sequential']:.2f}x" if sequential else "-"
+        versus_static = f"{row['vs_static_same_prompts']:.2f}x" if static else "-"
         print(
-            f"| {name:<30} | {level:>9} | {tokens:>6} | {seconds:>7.1f} | {rate[name]:>6.1f} | {ttft_text:>10} | "
-            f"{versus_sequential:>13} | {rate[name] / static:>8.2f}x |"
+            f"| {row['method']:<30} | {row['in_flight']:>9} | {row['prompts']:>7} | {row['tokens']:>6} | "
+            f"{row['seconds']:>7.2f} | {row['tokens_per_s']:>8.1f} | {ttft:>10} | {versus_sequential:>13} | "
+            f"{versus_static:>23} |"
         )
+    if args.results_dir:
+        path = Path(args.results_dir) / time.strftime("engine-%Y%m%d-%H%M%S.json", time.gmtime())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        device_name = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else "cpu"
+        path.write_text(json.dumps({"args": vars(args), "dtype": dtype, "device_name": device_name,
+                                    "torch": torch.__version__, "rows": rows}, indent=2))
+        print(f"results: {path}")
+
+
+def _row(method: str, in_flight: int, prompts: int, tokens: int, seconds: float, ttft: float | None) -> dict:
+    print(f"  done: {method} ({prompts} prompts): {tokens / seconds:.1f} tok/s", flush=True)
+    return {"method": method, "in_flight": in_flight, "prompts": prompts, "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds, "ttft_p50_s": ttft}
 
 
 if __name__ == "__main__":

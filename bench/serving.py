@@ -25,6 +25,7 @@ bench/results/serving-<time>.png; `--doc-plot` also writes docs/performance.png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -86,6 +87,20 @@ def percentile(values, q: float) -> float | None:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100.0 * (len(ordered) - 1))))
     return ordered[index]
+
+
+def start_profile(root: psutil.Process, label: str, seconds: float) -> subprocess.Popen | None:
+    """py-spy (sampling, without pausing the process) over the model's stub for `seconds`: collapsed stacks with
+    thread names in RESULTS/profile-<label>.txt. None when py-spy is not installed."""
+    py_spy = shutil.which("py-spy")
+    stubs = [p for p in root.children(recursive=True)
+             if "triton_python_backend_stub" in " ".join(p.cmdline()[:1]) and "ensemble" not in " ".join(p.cmdline())]
+    if not py_spy or not stubs:
+        return None
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    command = [py_spy, "record", "--nonblocking", "--threads", "-r", "200", "-d", str(max(1, int(seconds))),
+               "-f", "raw", "-o", str(RESULTS / f"profile-{label}.txt"), "-p", str(stubs[0].pid)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
 def wait_quiet(root: psutil.Process, below_cores: float = 0.05, timeout_s: float = 240.0) -> float:
@@ -160,12 +175,17 @@ def measure_point(server: Server, model: str, counter: CounterFile, pool: Proces
     futures = [pool.submit(run_worker, plan) for plan in plans]
     root = psutil.Process(server.process.pid)
     time.sleep(max(0.0, w0 - time.monotonic()))
+    profile = None
+    if args.profile_s and load == max(args.loads):
+        profile = start_profile(root, f"serving-{model}-{load}", min(args.profile_s, args.window))
     generated0, by0, t0 = counter.read(), tree_cpu_by_process(root), time.monotonic()
     time.sleep(max(0.0, w1 - time.monotonic()))
     generated1, by1, t1 = counter.read(), tree_cpu_by_process(root), time.monotonic()
     cpu0, cpu1 = sum(by0.values()), sum(by1.values())
     results: list[WorkerResult] = [future.result(timeout=args.warmup + args.window + 120) for future in futures]
-    quiet_s = wait_quiet(root)
+    if profile is not None:
+        profile.wait(timeout=60)
+    quiet_s = wait_quiet(root, timeout_s=args.quiet_timeout)
     elapsed = t1 - t0
     tokens = sum(r.tokens for r in results)
     responses = sum(r.responses for r in results)
@@ -204,6 +224,8 @@ def measure_point(server: Server, model: str, counter: CounterFile, pool: Proces
     }
     point["delivered_over_generated"] = (point["delivered_tokens_per_s"] / point["generated_tokens_per_s"]
                                          if point["generated_tokens_per_s"] else None)
+    point["server_cpu_cores_per_10k_delivered"] = (10000.0 * point["server_cpu_cores"] / point["delivered_tokens_per_s"]
+                                                   if point["delivered_tokens_per_s"] else None)
     return point
 
 
@@ -226,6 +248,12 @@ def measure_model(kind: str, model: str, args, workroot: Path) -> dict:
             # Start every worker process before the first load point (spawning takes seconds on a busy box).
             list(pool.map(time.sleep, [0.5] * args.client_procs))
             for seed, load in enumerate(args.loads):
+                if report["points"] and report["points"][-1]["quiet_after_s"] >= args.quiet_timeout:
+                    # Still sending a backlog (a model that cannot keep up): a fresh server, not minutes of waiting.
+                    report["points"][-1]["server_restarted_after"] = True
+                    _keep_log(server, kind, args, stop=True)
+                    server = start(kind, workroot / kind, args.step_ms, args.max_batch, counter, extra)
+                    root = psutil.Process(server.process.pid)
                 if server.process.poll() is not None or not is_ready("127.0.0.1", server.http_port):
                     report["failed"] = f"server not running/ready before load {load}; see {RESULTS}/server-{args.stamp}-{kind}.log"
                     print(f"  {kind}: {report['failed']}", flush=True)
@@ -251,11 +279,25 @@ def measure_model(kind: str, model: str, args, workroot: Path) -> dict:
                 print(f"  {kind:8s} perf_analyzer c={concurrency} x {tokens} tokens: {_pa_line(pa)}", flush=True)
                 wait_quiet(root)
     finally:
-        server.stop()
+        _keep_log(server, kind, args, stop=True)
         counter.close()
-        RESULTS.mkdir(exist_ok=True)
-        shutil.copy(server.log_path, RESULTS / f"server-{args.stamp}-{kind}.log")
     return report
+
+
+def _keep_log(server: Server, kind: str, args, stop: bool) -> None:
+    """Stop the server (briefly: a backlog is not worth waiting for) and append its log to the results."""
+    if stop:
+        try:
+            tree = psutil.Process(server.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        server.stop(timeout_s=20)
+        for process in tree:  # the wrapper may have been killed: its tritonserver and stubs must not live on
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / f"server-{args.stamp}-{kind}.log", "a") as log:
+        log.write(server.log())
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -275,8 +317,8 @@ def table(report: dict) -> str:
     by_load = {p["load_streams"]: p for p in base["points"]}
     rows = ["| streams | offered tok/s | model | generated tok/s | delivered tok/s | delivered/generated | responses/s | "
             "tok/response | gap p50 / p99 ms | token lag p50 / p99 ms | probe TTFT p50 / p99 ms | server CPU (cores) | "
-            "client CPU (max proc) |",
-            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "server cores per 10k delivered tok/s | client CPU (max proc) |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for point in ours["points"]:
         pair = [("ours", point)]
         if point["load_streams"] in by_load:
@@ -290,7 +332,8 @@ def table(report: dict) -> str:
                 f"{p['delivered_tokens_per_s']:.0f} | {_fmt(p['delivered_over_generated'], 3)} | {p['responses_per_s']:.0f} | "
                 f"{_fmt(p['tokens_per_response'], 2)} | {_fmt(p['gap_p50_ms'])} / {_fmt(p['gap_p99_ms'])} | "
                 f"{_fmt(p['lag_p50_ms'])} / {_fmt(p['lag_p99_ms'])} | {ttft} | "
-                f"{p['server_cpu_cores']:.2f} | {p['client_cpu_cores_max_proc']:.2f} |")
+                f"{p['server_cpu_cores']:.2f} | {_fmt(p.get('server_cpu_cores_per_10k_delivered'), 2)} | "
+                f"{p['client_cpu_cores_max_proc']:.2f} |")
     rows.append("")
     rows.append("| ratio ours / baseline | delivered tok/s | responses/s | gap p50 (baseline / ours) |")
     rows.append("|---:|---:|---:|---:|")
@@ -321,6 +364,11 @@ def targets(report: dict) -> list[str]:
         o, b = ours[64]["gap_p50_ms"], base[64]["gap_p50_ms"]
         lines.append(f"64 streams: gap p50 {o:.2f} ms vs baseline {b:.2f} ms (target ours <= baseline: "
                      f"{'met' if o <= b else 'NOT met'})")
+    if top and ours[top]["ttft_p50_ms"] is not None:
+        ttft = ours[top]["ttft_p50_ms"]
+        limit = 3 * report["args"]["step_ms"]
+        lines.append(f"{top} streams: probe TTFT p50 {ttft:.1f} ms under load (target <= 3 steps = {limit:g} ms: "
+                     f"{'met' if ttft <= limit else 'NOT met'})")
     if 0 in ours and ours[0]["ttft_p50_ms"] is not None:
         inproc = report["in_process_ttft_p50_ms"]
         for client, key in (("asyncio probe", "probe"), ("perf_analyzer", "perf_analyzer")):
@@ -350,6 +398,7 @@ def plot(report_path: Path, png: Path) -> None:
 
 
 def main() -> int:
+    global RESULTS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--loads", type=int, nargs="+", default=[0, 16, 64, 128, 192, 256])
     parser.add_argument("--step-ms", type=float, default=10.0)
@@ -364,6 +413,11 @@ def main() -> int:
                         help="pause between probe requests (0: a closed loop, as perf_analyzer's); the in-process "
                              "reference uses the same")
     parser.add_argument("--idle-s", type=float, default=5.0)
+    parser.add_argument("--profile-s", type=float, default=0.0,
+                        help="py-spy the model's stub this long during the largest load's window (0: no profile)")
+    parser.add_argument("--quiet-timeout", type=float, default=240.0,
+                        help="after a load point, wait at most this long for the server to go quiet; past it the "
+                             "next point gets a fresh server")
     parser.add_argument("--in-process-samples", type=int, default=200)
     parser.add_argument("--models", nargs="+", default=list(MODEL_NAMES), choices=list(MODEL_NAMES))
     parser.add_argument("--skip-perf-analyzer", action="store_true")
@@ -373,12 +427,16 @@ def main() -> int:
                         help="extra config.pbtxt parameter for our model (e.g. sender_threads=4)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--doc-plot", action="store_true", help="also write docs/performance.png")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS, help=f"where results go (default {RESULTS})")
     args = parser.parse_args()
 
+    RESULTS = args.results_dir
     stamp = args.stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     report: dict = {"args": vars(args), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
                     "load_before": os.getloadavg(), "cpus": os.cpu_count()}
     print(f"load average before: {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
+    if max(args.loads) >= args.max_batch:
+        parser.error(f"--max-batch {args.max_batch} must exceed the largest load ({max(args.loads)}) by the probe")
     ttft = in_process_ttft(args.step_ms, args.in_process_samples, args.probe_pause_ms / 1000.0)
     report["in_process_ttft_p50_ms"] = 1000 * statistics.median(ttft)
     report["in_process_ttft_p99_ms"] = 1000 * percentile(ttft, 99)
@@ -388,7 +446,7 @@ def main() -> int:
         for kind in args.models:
             report[kind] = measure_model(kind, MODEL_NAMES[kind], args, Path(workroot))
     report["load_after"] = os.getloadavg()
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"serving-{stamp}.json"
     path.write_text(json.dumps(report, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)))
     print(f"\nresults: {path}  (load average after: {report['load_after']})\n")

