@@ -98,7 +98,10 @@ def start_server(
 ) -> Server:
     """Start `trtllm-triton serve` on free ports; returns once every model is ready (or raises with the log).
 
-    `server_args` go to tritonserver itself (after `--`); `cwd` is the server's working directory."""
+    `server_args` go to tritonserver itself (after `--`), after any in $TRITON_SERVER_ARGS (space-separated flags
+    a host needs for every server, e.g. bench/gpu/probe_outputs.py's choice on a GPU host); `cwd` is the server's
+    working directory."""
+    server_args = [*os.environ.get("TRITON_SERVER_ARGS", "").split(), *(server_args or [])]
     workdir.mkdir(parents=True, exist_ok=True)
     if repository is None:
         repository = write_repository(workdir / "repository", parameters, models, config_edits)

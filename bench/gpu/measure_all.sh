@@ -3,7 +3,8 @@
 #
 #   bench/gpu/measure_all.sh BUNDLE_DIR [MODEL_DIR...]       (the directories bench/gpu/make_bundle.sh wrote)
 #
-# Steps (STEPS="sanity test engine serving e2e" by default; sanity: the synthetic streaming e2e tests), each under its own time limit, each writing to $RESULTS;
+# Steps (STEPS="probe sanity serving e2e test engine engine-profile serving-variant" by default; probe: bench/gpu/probe_outputs.py picks the
+# tritonserver flags for every later server; sanity: the synthetic streaming e2e tests), each under its own time limit, each writing to $RESULTS;
 # the results are packed into $OUT/results.tgz after every step, so a cut-short run still returns what it had.
 # ENGINE_ARGS, SERVING_ARGS, E2E_ARGS replace each benchmark's arguments.
 set -uo pipefail
@@ -12,7 +13,7 @@ RUN="$HERE/run_on_gpu.sh"
 export GPU_HOME=${GPU_HOME:-/tmp/trtllm-gpu}
 export RESULTS=${RESULTS:-$GPU_HOME/results}
 OUT=${OUT:-$GPU_HOME/out}
-STEPS=${STEPS:-sanity test engine serving e2e}
+STEPS=${STEPS:-probe sanity serving e2e test engine engine-profile serving-variant}
 ENGINE_ARGS=${ENGINE_ARGS:---device cuda --levels 1,32,128,256 --prompts 8 --sequential-prompts 8 --threads 4}
 SERVING_ARGS=${SERVING_ARGS:---loads 0 64 256 512 1024 --max-batch 1100 --client-procs 6 --warmup 2 --window 5 \
 --idle-s 2 --in-process-samples 50 --skip-perf-analyzer --no-plot --quiet-timeout 5 --profile-s 4}
@@ -20,6 +21,8 @@ E2E_ARGS=${E2E_ARGS:---device cuda --loads 64 256 --warmup 3 --window 8 --client
 mkdir -p "$OUT" "$RESULTS"
 
 "$RUN" setup "$@" || exit 1
+# The dequantised SmolLM2 is made once here, not inside a model's initialize().
+"$RUN" python -c 'from trtllm_model.embedded.model_loading import load_tokenizer; load_tokenizer()' 2>&1 | tail -2
 pack() { tar -czf "$OUT/results.tgz" -C "$RESULTS" . ; }
 step() {  # step LIMIT_S NAME ARGS...
   local limit=$1; shift
@@ -36,9 +39,17 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 "transformers", transformers.__version__, "numpy", numpy.__version__)'
 for name in $STEPS; do
   case "$name" in
-    sanity) step 90 test -q -x -p no:cacheprovider tests/test_e2e_streaming.py ;;  # token ids and text (BYTES)
-    test) step 170 test -q -x -s -p no:cacheprovider tests/test_cuda_transformers.py ;;
+    probe)  # which tritonserver flags deliver output tensors here (see bench/gpu/probe_outputs.py)
+      step 120 python bench/gpu/probe_outputs.py --write "$RESULTS/server_args.txt" --results-dir "$RESULTS"
+      TRITON_SERVER_ARGS=$(cat "$RESULTS/server_args.txt" 2>/dev/null || true)
+      export TRITON_SERVER_ARGS
+      echo "=== TRITON_SERVER_ARGS=$TRITON_SERVER_ARGS" ;;
+    sanity) step 90 test -q -x -p no:cacheprovider --basetemp="$RESULTS/pytest-sanity" tests/test_e2e_streaming.py ;;
+    test) step 170 test -q -x -s -p no:cacheprovider --basetemp="$RESULTS/pytest-cuda" tests/test_cuda_transformers.py ;;
     engine) step 110 engine $ENGINE_ARGS ;;
+    engine-profile)  # where the engine's time goes at 128 requests in flight (py-spy, sampling without pausing)
+      step 90 exec py-spy record --nonblocking --threads -r 100 -f raw -o "$RESULTS/profile-engine-128.txt" -- \
+        "${PYTHON:-python3}" bench/engine.py --device cuda --levels 128 --prompts 128 --skip-sequential --threads 4 ;;
     serving) step 230 serving $SERVING_ARGS ;;
     serving-variant) step 60 serving ${SERVING_VARIANT_ARGS:---models ours --loads 1024 --max-batch 1100 --client-procs 6 \
 --warmup 2 --window 5 --idle-s 1 --in-process-samples 20 --skip-perf-analyzer --no-plot --param sender_threads=8} ;;

@@ -11,7 +11,8 @@
 #       engine    bench/engine.py ARGS           (transformers executor in-process vs generate)
 #       e2e       bench/e2e.py ARGS              (ensemble through tritonserver vs the same engine in-process)
 #       test      python -m pytest ARGS
-#       python    python ARGS                    (anything else, e.g. -m py_spy ...)
+#       python    python ARGS                    (any other script)
+#       exec      ARGS                           (any command, e.g. py-spy record ... -- python3 bench/engine.py)
 #     Results go to $RESULTS (default $GPU_HOME/results), which the scripts receive as --results-dir.
 #
 # GPU_HOME defaults to /tmp/trtllm-gpu; PYTHON to python3 (the interpreter that has torch with CUDA).
@@ -55,7 +56,7 @@ environment() {
   mkdir -p "$RESULTS"
 }
 
-command=${1:?usage: run_on_gpu.sh stage|setup|serving|engine|e2e|test|python [ARGS...]}
+command=${1:?usage: run_on_gpu.sh stage|setup|serving|engine|e2e|test|python|exec [ARGS...]}
 shift
 case "$command" in
   stage) stage "$@" ;;
@@ -72,5 +73,9 @@ case "$command" in
     environment
     cd "$GPU_HOME/src"
     exec "$PYTHON" "$@" ;;
+  exec)
+    environment
+    cd "$GPU_HOME/src"
+    exec "$@" ;;
   *) echo "unknown command $command" >&2; exit 2 ;;
 esac
