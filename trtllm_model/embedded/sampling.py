@@ -100,8 +100,8 @@ def banned_next_tokens(state: SamplingState) -> list[int]:
     return banned
 
 
-def _apply_penalties_and_bans(row: torch.Tensor, state: SamplingState) -> None:
-    """In place on one row of logits."""
+def _apply_penalties(row: torch.Tensor, state: SamplingState) -> None:
+    """In place on one row of logits (bans are applied for all rows at once by the caller)."""
     params = state.params
     if params.embedding_bias is not None:
         row += params.embedding_bias.to(row.device)
@@ -113,9 +113,6 @@ def _apply_penalties_and_bans(row: torch.Tensor, state: SamplingState) -> None:
         ids = torch.tensor(list(state.output_counts), dtype=torch.long, device=row.device)
         counts = torch.tensor(list(state.output_counts.values()), dtype=row.dtype, device=row.device)
         row[ids] -= params.presence_penalty + params.frequency_penalty * counts
-    banned = banned_next_tokens(state)
-    if banned:
-        row[torch.tensor(banned, dtype=torch.long, device=row.device)] = float("-inf")
 
 
 def _sample_row(row: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[int, float]:
@@ -148,9 +145,17 @@ def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tup
     """One token per row of `[rows, vocab]` float32 logits, plus its log prob where the request asked for it."""
     if any(state.params.changes_logits for state in states):
         logits = logits.clone()
+        banned_rows: list[int] = []
+        banned_ids: list[int] = []
         for row, state in enumerate(states):
             if state.params.changes_logits:
-                _apply_penalties_and_bans(logits[row], state)
+                _apply_penalties(logits[row], state)
+                banned = banned_next_tokens(state)
+                banned_rows += [row] * len(banned)
+                banned_ids += banned
+        if banned_ids:  # one indexed write for the whole batch: per-row writes cost one kernel launch each on CUDA
+            index = torch.tensor([banned_rows, banned_ids], dtype=torch.long, device=logits.device)
+            logits[index[0], index[1]] = float("-inf")
     tokens = logits.argmax(-1).tolist()  # the greedy rows' answer; sampling rows are overwritten below
     log_probs: list[float | None] = [None] * len(states)
     greedy_rows = [row for row, state in enumerate(states) if state.params.greedy and state.params.log_probs]
