@@ -136,8 +136,6 @@ def main() -> None:
                              "default: --prompts)")
     parser.add_argument("--skip-sequential", action="store_true", help="skip the one-at-a-time generate baseline")
     parser.add_argument("--results-dir", default=None, help="also write engine-<time>.json there")
-    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="TransformersExecutor keyword (e.g. cuda_graphs=0), for measuring one change")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     levels = [int(level) for level in args.levels.split(",") if level]
@@ -153,13 +151,12 @@ def main() -> None:
         f"torch threads {torch.get_num_threads()}",
         flush=True,
     )
-    extra = {key: int(value) for key, value in (item.split("=", 1) for item in args.param)}
 
     rows = []  # dicts: method, in_flight, prompts, tokens, seconds, ttft_p50_s
     with torch.inference_mode():
         warm = torch.tensor([all_prompts[0]], device=model.device)
         model.generate(warm, max_new_tokens=2, do_sample=False, pad_token_id=pad_id)
-        executor = TransformersExecutor(model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192, **extra)
+        executor = TransformersExecutor(model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192)
         try:
             run_executor(executor, all_prompts[: max(levels)], 4, max(levels))  # warm-up (allocations, graphs)
             for level in levels:

@@ -3,6 +3,7 @@
 Threads (all started here, all stopped by `shutdown`):
   worker-N  `sender_threads` + 1 workers share two jobs. One at a time waits on the executor (await_steps,
             never spinning) and posts each step to its request's mailbox; the others deliver ready requests.
+            A free worker takes the executor before any ready request, so new steps never wait for a backlog.
             The worker that posted steps releases the executor to an idle worker and delivers the first ready
             request itself: a token reaches Triton without a thread hand-off, and the executor is never
             waited on by a thread that is sending. A request is delivered by one worker at a time, everything
