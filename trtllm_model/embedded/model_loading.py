@@ -100,10 +100,26 @@ def load_model(
             raise FileNotFoundError(f"model_dir {model_dir!r} is not a Hugging Face checkpoint (no config.json)")
     else:
         source = dequantised_checkpoint(embedded_gguf_path(), Path(cache_dir) if cache_dir else default_cache_dir())
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    except ImportError as exc:
+        # transformers imports model classes lazily and says only "Could not import module 'X'"; the import that
+        # failed is further down the chain, which Triton's log does not print (seen on a GPU host, issue 11).
+        raise ImportError(f"{exc} [causes: {exception_chain(exc)}]") from exc
     model.to(torch.device(device)).eval()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or source)
     return LoadedModel(model=model, tokenizer=tokenizer, source=str(source))
+
+
+def exception_chain(exc: BaseException) -> str:
+    """The exceptions that led to `exc`, outermost first, as `Type: message` joined by ` <- `."""
+    parts, seen = [], set()
+    current = exc.__cause__ or exc.__context__
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or current.__context__
+    return " <- ".join(parts) or "none recorded"
 
 
 def load_tokenizer(model_dir: str | None = None, cache_dir: str | None = None):
