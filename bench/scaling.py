@@ -11,7 +11,7 @@ LLM's GUARANTEED_NO_EVICT policy): 16 requests run at once, more wait. The offer
 streams, each sending its next request as soon as the previous one ends (closed loop). At each level, after a warm
 up, the window's requests give TTFT (client side, gRPC) and Prometheus scrapes of the server give the signal:
 
-  KV-cache demand = kv_cache_block_metrics{fraction} x (active + queued) / active
+  KV-cache demand = kv_cache_block_metrics{fraction} + queued / active
                     (deploy/kubernetes/autoscaling/prometheus-rule.yaml records the same per pod)
 
 and, beside it, NVIDIA's autoscaling signal (queue time over compute time, Triton's own counters for the model),
@@ -53,7 +53,7 @@ def kv_cache_demand(s: Scrape) -> float:
     fraction = s.value("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="fraction", **MODEL)
     active = s.value("nv_trt_llm_request_metrics", request_type="active", **MODEL)
     queued = s.value("nv_llm_queued_requests", **MODEL)
-    return fraction * (active + queued) / max(active, 1.0)
+    return fraction + queued / max(active, 1.0)
 
 
 def triton_counter(s: Scrape, name: str) -> float:
@@ -149,9 +149,8 @@ async def run_level(server, streams: int, args) -> Level:
     return level
 
 
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
+def p90(values: list[float]) -> float:
+    return statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]
 
 
 def main() -> int:
@@ -179,13 +178,13 @@ def main() -> int:
     for level in levels:
         errors += level.errors
         print(f"{level.streams:>7} {level.finished / args.window:>6.1f} {statistics.median(level.ttft) * 1000:>7.1f}ms "
-              f"{percentile(level.ttft, 0.9) * 1000:>7.1f}ms {statistics.mean(level.fraction):>8.2f} "
+              f"{p90(level.ttft) * 1000:>7.1f}ms {statistics.mean(level.fraction):>8.2f} "
               f"{statistics.mean(level.queued):>7.1f} {statistics.mean(level.demand):>7.2f} {level.queue_compute:>10.3f}")
     demands = [statistics.mean(level.demand) for level in levels]
     p50s = [statistics.median(level.ttft) for level in levels]
-    p90s = [percentile(level.ttft, 0.9) for level in levels]
+    p90s = [p90(level.ttft) for level in levels]
     # Degradation relative to the lightest level: the larger of the two ratios.
-    ratios = [max(p50 / p50s[0], p90 / p90s[0]) for p50, p90 in zip(p50s, p90s)]
+    ratios = [max(median / p50s[0], tail / p90s[0]) for median, tail in zip(p50s, p90s)]
     rising = all(b > a for a, b in zip(demands, demands[1:]))
     crossed = next((i for i, d in enumerate(demands) if d >= args.target), None)
     degraded = next((i for i, r in enumerate(ratios) if r > 2), None)

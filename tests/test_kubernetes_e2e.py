@@ -25,11 +25,12 @@ from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
-from conftest import start_server, write_repository
+import yaml
+from conftest import start_server
 from prometheus_text import Scrape, scrape
 from test_kubernetes_manifests import ROOT, of_kind, pod_templates, recording_rules, the
 from triton_client import StreamClient, token_inputs
-from trtllm_support import FAKES_DIR, make_engine_dir
+from trtllm_support import fake_engine_repository
 
 from trtllm_model.server import free_ports, is_ready
 
@@ -105,12 +106,7 @@ def cpu_replica(tmp_path_factory):
 def gpu_replica(tmp_path_factory):
     """trtllm_engine (the GPU Deployment's TRTLLM_EXECUTOR) over the fake tensorrt_llm, 5 ms per step."""
     workdir = tmp_path_factory.mktemp("k8s-gpu")
-    parameters = {"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(workdir / "engine")),
-                  "gpt_model_type": "inflight_fused_batching"}
-    repository = write_repository(workdir / "repository", parameters, ("tensorrt_llm",))
-    config = repository / "tensorrt_llm" / "config.pbtxt"  # trtllm_engine refuses the synthetic executor's parameters
-    config.write_text(re.sub(r'parameters: \{\s*key: "synthetic_[^"]*"[^}]*\}\s*\}\n', "", config.read_text()))
-    shutil.copytree(FAKES_DIR / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm")
+    repository = fake_engine_repository(workdir)
     server = start_server(workdir, executor="trtllm_engine", env={"FAKE_TRTLLM_STEP_MS": "5"}, repository=repository)
     yield Replica({"http": server.http_port, "grpc": server.grpc_port, "metrics": server.metrics_port},
                   server.process, server.log_path)
@@ -281,3 +277,87 @@ def test_drain_gives_up_at_its_timeout(gpu_replica):
         assert result.wait(60).finals == 1
     finally:
         client.close()
+
+
+# -- the recording rule evaluated by Prometheus' own engine on a real scrape ----------------------------------------
+KV_PARAMETERS = {"max_tokens_in_paged_kv_cache": "256", "synthetic_tokens_per_block": "16", "synthetic_step_ms": "20"}
+
+
+def promtool() -> str:
+    found = shutil.which("promtool") or shutil.which("promtool", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip("promtool not installed (the Makefile takes it from Debian's prometheus package)")
+    return found
+
+
+def series_lines(s: Scrape, pod: str) -> list[dict]:
+    """promtool input series for the rule's metric families in scrape `s`, as pod `pod` of namespace `ns`."""
+    wanted = {"nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_request_metrics", "nv_llm_queued_requests"}
+    lines = []
+    for (name, labels), value in s.samples.items():
+        if name in wanted:
+            selector = ",".join(f'{k}="{v}"' for k, v in sorted({**dict(labels), "namespace": "ns", "pod": pod}.items()))
+            lines.append({"series": f"{name}{{{selector}}}", "values": f"{value!r}x4"})
+    return lines
+
+
+def test_recording_rule_gives_the_benchmarks_value_on_real_scrapes(tmp_path):
+    """Prometheus' engine (promtool) evaluates the PrometheusRule on a real synthetic-KV-cache scrape with requests
+    queued, and on an idle one, per pod: the same numbers bench/scaling.py's kv_cache_demand computes."""
+    tool = promtool()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from scaling import kv_cache_demand
+
+    # 16 blocks of 16 tokens; each request needs 7 blocks at full length (2 + 100 tokens): 2 run, 3 wait.
+    server = start_server(tmp_path / "kv", executor="synthetic", parameters=KV_PARAMETERS, models=("tensorrt_llm",))
+    client = StreamClient(server.grpc_url)
+    try:
+        results = [client.send("tensorrt_llm", token_inputs([i + 1, 2], 100), f"kv-{i}") for i in range(5)]
+        deadline = time.monotonic() + 30
+        while True:
+            busy = scrape(server.metrics_url)
+            if busy.find("nv_llm_queued_requests") and busy.value("nv_llm_queued_requests", model="tensorrt_llm") == 3:
+                break
+            assert time.monotonic() < deadline, "the queue never formed"
+            time.sleep(0.05)
+        for result in results:
+            assert result.wait(60).errors == []
+        idle = wait_for_idle(server.metrics_url)
+    finally:
+        client.close()
+        server.stop()
+    assert busy.value("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max", model="tensorrt_llm") == 16
+    expected = {"busy": kv_cache_demand(busy), "idle": kv_cache_demand(idle)}
+    assert expected["busy"] > 1.5 and expected["idle"] == 0  # 2 running, 3 waiting: 3 / 2 on top; then nothing
+
+    rule = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "autoscaling" / "prometheus-rule.yaml").read_text())
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+    (record,) = recording_rules()
+    unit_test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "5s",
+        "tests": [{
+            "interval": "5s",
+            "input_series": series_lines(busy, "busy") + series_lines(idle, "idle"),
+            "promql_expr_test": [{
+                "expr": record, "eval_time": "10s",
+                "exp_samples": [{"labels": f'{record}{{namespace="ns",pod="{pod}"}}', "value": value}
+                                for pod, value in expected.items()],
+            }],
+        }],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(unit_test))
+    checked = subprocess.run([tool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run([tool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def wait_for_idle(metrics_url: str) -> Scrape:
+    deadline = time.monotonic() + 10
+    while True:
+        current = scrape(metrics_url)
+        if current.value("nv_trt_llm_request_metrics", request_type="active", model="tensorrt_llm") == 0:
+            return current
+        assert time.monotonic() < deadline, "the executor never went idle"
+        time.sleep(0.05)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import write_repository
 
 FAKES_DIR = Path(__file__).resolve().parent / "fakes"
 
@@ -65,3 +68,15 @@ def collect_until_final(executor, request_ids: set[int], timeout_s: float = 10.0
             if step.is_final:
                 open_ids.discard(step.request_id)
     return steps
+
+
+def fake_engine_repository(workdir: Path) -> Path:
+    """A model repository whose tensorrt_llm model runs trtllm_engine over the fake tensorrt_llm and a fake engine."""
+    parameters = {"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(workdir / "engine")),
+                  "gpt_model_type": "inflight_fused_batching"}
+    repository = write_repository(workdir / "repository", parameters, ("tensorrt_llm",))
+    config = repository / "tensorrt_llm" / "config.pbtxt"  # trtllm_engine refuses the synthetic executor's parameters
+    config.write_text(re.sub(r'parameters: \{\s*key: "synthetic_[^"]*"[^}]*\}\s*\}\n', "", config.read_text()))
+    # The stub ignores PYTHONPATH but puts the version directory on sys.path: the fake package goes there.
+    shutil.copytree(FAKES_DIR / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm")
+    return repository
