@@ -3,6 +3,8 @@ time to first token (TTFT) degrades?
 
     .venv/bin/python bench/scaling.py                       # the defaults below, about 2 minutes
     .venv/bin/python bench/scaling.py --streams 2,8,16,24,32 --window 8
+    .venv/bin/python bench/scaling.py --executor transformers --streams 1,2,4,8 --prompt-tokens 32 --max-tokens 16 \
+        --window 15 --target 0.06
 
 One server (`trtllm-triton serve`, synthetic executor) with a paged KV cache: max_tokens_in_paged_kv_cache=4096 at
 32 tokens per block = 128 blocks. Each request has a 96-token prompt and asks for 160 tokens at 10 ms per step,
@@ -11,12 +13,15 @@ LLM's GUARANTEED_NO_EVICT policy): 16 requests run at once, more wait. The offer
 streams, each sending its next request as soon as the previous one ends (closed loop). At each level, after a warm
 up, the window's requests give TTFT (client side, gRPC) and Prometheus scrapes of the server give the signal:
 
-  KV-cache demand = kv_cache_block_metrics{fraction} + queued / active
-                    (deploy/kubernetes/autoscaling/prometheus-rule.yaml records the same per pod)
+  KV-cache demand = kv_cache_block_metrics{fraction} + queued / active      (the GPU variant's HPA)
+  batch demand    = active / max_batch_size + queued / active                (the CPU variant's HPA)
+                    (deploy/kubernetes/autoscaling/prometheus-rule.yaml records both per pod)
 
-and, beside it, NVIDIA's autoscaling signal (queue time over compute time, Triton's own counters for the model),
-to show what it does for a decoupled model. Passes when the demand rises at every level and reaches --target
-at a level whose TTFT (median and 90th percentile) is at most 2x the lightest level's.
+and, beside them, NVIDIA's autoscaling signal (queue time over compute time, Triton's own counters for the model),
+to show what it does for a decoupled model. `--executor transformers` runs the embedded SmolLM2 engine on CPU
+instead (max_batch_size and the rest from the model repository) and judges the batch demand. Passes when the judged
+signal rises at every level and reaches --target at a level whose TTFT (median and 90th percentile) is at most 2x
+the lightest level's.
 """
 
 from __future__ import annotations
@@ -56,6 +61,14 @@ def kv_cache_demand(s: Scrape) -> float:
     return fraction + queued / max(active, 1.0)
 
 
+def batch_demand(s: Scrape) -> float:
+    """The recording rule trtllm:batch_demand:ratio, computed from one scrape of one replica."""
+    active = s.value("nv_trt_llm_request_metrics", request_type="active", **MODEL)
+    most = s.value("nv_trt_llm_request_metrics", request_type="max", **MODEL)
+    queued = s.value("nv_llm_queued_requests", **MODEL)
+    return active / most + queued / max(active, 1.0)
+
+
 def triton_counter(s: Scrape, name: str) -> float:
     return s.value(name, model="tensorrt_llm", version="1")
 
@@ -66,6 +79,7 @@ class Level:
     ttft: list[float] = field(default_factory=list)
     finished: int = 0
     demand: list[float] = field(default_factory=list)
+    batch: list[float] = field(default_factory=list)
     fraction: list[float] = field(default_factory=list)
     queued: list[float] = field(default_factory=list)
     queue_compute: float = 0.0
@@ -122,6 +136,7 @@ async def sample(metrics_url: str, level: Level, window: tuple[float, float]) ->
     while time.monotonic() < window[1]:
         last = await asyncio.to_thread(scrape, metrics_url)
         level.demand.append(kv_cache_demand(last))
+        level.batch.append(batch_demand(last))
         level.fraction.append(last.value("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="fraction", **MODEL))
         level.queued.append(last.value("nv_llm_queued_requests", **MODEL))
         await asyncio.sleep(0.25)
@@ -155,32 +170,44 @@ def p90(values: list[float]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--executor", default="synthetic", choices=("synthetic", "transformers"))
     parser.add_argument("--streams", default="1,4,8,12,16,20,24,32", help="offered load: concurrent streams per level")
     parser.add_argument("--prompt-tokens", type=int, default=96)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds before each level's window")
     parser.add_argument("--window", type=float, default=8.0, help="seconds measured per level")
     parser.add_argument("--target", type=float, default=0.5, help="the HPA's target for the signal (deploy/kubernetes)")
+    parser.add_argument("--signal", choices=("kv", "batch"), help="the signal judged (default: kv for synthetic, "
+                        "batch for transformers, as the GPU and CPU HPAs)")
     args = parser.parse_args()
+    args.signal = args.signal or ("kv" if args.executor == "synthetic" else "batch")
 
     with tempfile.TemporaryDirectory(prefix="scaling-") as workdir:
-        server = start_server(Path(workdir), executor="synthetic", parameters=PARAMETERS, models=("tensorrt_llm",))
+        parameters = PARAMETERS if args.executor == "synthetic" else {"stats_check_period_ms": "100"}
+        server = start_server(Path(workdir), executor=args.executor, parameters=parameters, models=("tensorrt_llm",))
         try:
             levels = [asyncio.run(run_level(server, int(n), args)) for n in args.streams.split(",")]
         finally:
             server.stop()
 
-    print(f"one replica, synthetic executor, KV cache 128 blocks x 32 tokens; requests: {args.prompt_tokens} prompt + "
-          f"{args.max_tokens} output tokens at 10 ms/step; {args.window:.0f} s per level")
+    engine = ("synthetic executor, KV cache 128 blocks x 32 tokens, 10 ms/step" if args.executor == "synthetic"
+              else "embedded transformers engine (SmolLM2-135M, CPU)")
+    print(f"one replica, {engine}; requests: {args.prompt_tokens} prompt + {args.max_tokens} output tokens; "
+          f"{args.window:.0f} s per level")
     print(f"{'streams':>7} {'req/s':>6} {'TTFT p50':>9} {'TTFT p90':>9} {'kv used':>8} {'queued':>7} "
-          f"{'demand':>7} {'NVIDIA q/c':>10}")
+          f"{'kv demand':>9} {'batch demand':>12} {'NVIDIA q/c':>10}")
     errors = []
     for level in levels:
         errors += level.errors
+        if not level.ttft:
+            errors.append(f"{level.streams} streams: no request sent in the window finished (lengthen --window)")
+            level.ttft = [float("nan")]
         print(f"{level.streams:>7} {level.finished / args.window:>6.1f} {statistics.median(level.ttft) * 1000:>7.1f}ms "
               f"{p90(level.ttft) * 1000:>7.1f}ms {statistics.mean(level.fraction):>8.2f} "
-              f"{statistics.mean(level.queued):>7.1f} {statistics.mean(level.demand):>7.2f} {level.queue_compute:>10.3f}")
-    demands = [statistics.mean(level.demand) for level in levels]
+              f"{statistics.mean(level.queued):>7.1f} {statistics.mean(level.demand):>9.2f} "
+              f"{statistics.mean(level.batch):>12.2f} {level.queue_compute:>10.3f}")
+    demands = [statistics.mean(level.demand if args.signal == "kv" else level.batch) for level in levels]
+    print(f"judged: {args.signal} demand")
     p50s = [statistics.median(level.ttft) for level in levels]
     p90s = [p90(level.ttft) for level in levels]
     # Degradation relative to the lightest level: the larger of the two ratios.

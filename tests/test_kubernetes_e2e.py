@@ -223,14 +223,13 @@ def scrapes(cpu_replica, gpu_replica) -> dict[str, Scrape]:
 
 
 def test_recording_rule_metrics_are_in_both_variants_scrapes(scrapes):
-    for record, expr in recording_rules().items():
-        names = metric_names(expr)
-        assert names == {"nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_request_metrics", "nv_llm_queued_requests"}
-        for variant, current in scrapes.items():
-            assert names <= scraped_names(current), f"{record}: {variant} scrape lacks {names - scraped_names(current)}"
-            # The label values the rule selects exist too, under the model the rule names.
-            assert current.find("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="fraction", model="tensorrt_llm")
-            assert current.find("nv_trt_llm_request_metrics", request_type="active", model="tensorrt_llm")
+    exprs = "\n".join(recording_rules().values())
+    assert metric_names(exprs) == {"nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_request_metrics", "nv_llm_queued_requests"}
+    selectors = set(re.findall(r'(nv_[a-z_]+)\{model="tensorrt_llm"(?:, ([a-z_]+)="([a-z_]+)")?\}', exprs))
+    assert len(selectors) == 4
+    for variant, current in scrapes.items():
+        for name, label, value in selectors:  # each selector finds a series, under the model the rule names
+            assert current.find(name, model="tensorrt_llm", **({label: value} if label else {})), (variant, name, value)
 
 
 def test_dashboard_metrics_are_in_real_scrapes(scrapes):
@@ -301,12 +300,12 @@ def series_lines(s: Scrape, pod: str) -> list[dict]:
     return lines
 
 
-def test_recording_rule_gives_the_benchmarks_value_on_real_scrapes(tmp_path):
+def test_recording_rules_give_the_benchmarks_values_on_real_scrapes(tmp_path):
     """Prometheus' engine (promtool) evaluates the PrometheusRule on a real synthetic-KV-cache scrape with requests
-    queued, and on an idle one, per pod: the same numbers bench/scaling.py's kv_cache_demand computes."""
+    queued, and on an idle one, per pod: the numbers bench/scaling.py's kv_cache_demand and batch_demand compute."""
     tool = promtool()
     sys.path.insert(0, str(ROOT / "bench"))
-    from scaling import kv_cache_demand
+    from scaling import batch_demand, kv_cache_demand
 
     # 16 blocks of 16 tokens; each request needs 7 blocks at full length (2 + 100 tokens): 2 run, 3 wait.
     server = start_server(tmp_path / "kv", executor="synthetic", parameters=KV_PARAMETERS, models=("tensorrt_llm",))
@@ -327,12 +326,14 @@ def test_recording_rule_gives_the_benchmarks_value_on_real_scrapes(tmp_path):
         client.close()
         server.stop()
     assert busy.value("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max", model="tensorrt_llm") == 16
-    expected = {"busy": kv_cache_demand(busy), "idle": kv_cache_demand(idle)}
-    assert expected["busy"] > 1.5 and expected["idle"] == 0  # 2 running, 3 waiting: 3 / 2 on top; then nothing
+    computed = {"trtllm:kv_cache_demand:ratio": kv_cache_demand, "trtllm:batch_demand:ratio": batch_demand}
+    assert set(computed) == set(recording_rules())
+    expected = {record: {"busy": f(busy), "idle": f(idle)} for record, f in computed.items()}
+    for values in expected.values():  # 2 running, 3 waiting: 3 / 2 on top of the utilisation; then nothing
+        assert values["busy"] > 1.5 and values["idle"] == 0
 
     rule = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "autoscaling" / "prometheus-rule.yaml").read_text())
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
-    (record,) = recording_rules()
     unit_test = {
         "rule_files": ["rules.yaml"],
         "evaluation_interval": "5s",
@@ -342,8 +343,8 @@ def test_recording_rule_gives_the_benchmarks_value_on_real_scrapes(tmp_path):
             "promql_expr_test": [{
                 "expr": record, "eval_time": "10s",
                 "exp_samples": [{"labels": f'{record}{{namespace="ns",pod="{pod}"}}', "value": value}
-                                for pod, value in expected.items()],
-            }],
+                                for pod, value in values.items()],
+            } for record, values in expected.items()],
         }],
     }
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(unit_test))

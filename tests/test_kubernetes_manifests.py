@@ -29,6 +29,8 @@ CUSTOM_KINDS = {
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
 }
 VARIANTS = ("cpu", "gpu")
+# What each variant's HPA scales on (docs/kubernetes.md, "The scaling signal").
+HPA_METRICS = {"cpu": "trtllm_batch_demand", "gpu": "trtllm_kv_cache_demand"}
 
 
 def manifest_files() -> list[Path]:
@@ -135,7 +137,8 @@ def test_service_pdb_monitor_and_hpa_point_at_the_deployment(variant):
     assert monitor["spec"]["podMetricsEndpoints"][0]["path"] == "/metrics"
     hpa = the("HorizontalPodAutoscaler", variant)
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment["metadata"]["name"]}
-    assert [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]] == [adapter_metric_name()]
+    assert [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]] == [HPA_METRICS[variant]]
+    assert HPA_METRICS[variant] in adapter_metric_names().values()
 
 
 def test_gpu_variants_take_gpus_and_the_engine_from_the_volume():
@@ -201,19 +204,20 @@ def adapter_rules() -> list[dict]:
     return values["rules"]["custom"]
 
 
-def adapter_metric_name() -> str:
-    (rule,) = adapter_rules()
-    return rule["name"]["as"]
+def adapter_metric_names() -> dict[str, str]:
+    """Recorded series -> the custom metric name prometheus-adapter serves it as."""
+    return {re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{", rule["seriesQuery"]).group(1): rule["name"]["as"]
+            for rule in adapter_rules()}
 
 
-def test_adapter_serves_the_recorded_signal_per_pod():
-    (rule,) = adapter_rules()
-    series = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{", rule["seriesQuery"]).group(1)
-    assert series in recording_rules()
-    assert re.fullmatch(rule["name"]["matches"], series)
-    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
-    for placeholder in ("<<.Series>>", "<<.LabelMatchers>>", "<<.GroupBy>>"):
-        assert placeholder in rule["metricsQuery"]
+def test_adapter_serves_every_recorded_signal_per_pod():
+    assert set(adapter_metric_names()) == set(recording_rules())
+    for rule in adapter_rules():
+        series = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{", rule["seriesQuery"]).group(1)
+        assert re.fullmatch(rule["name"]["matches"], series)
+        assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+        for placeholder in ("<<.Series>>", "<<.LabelMatchers>>", "<<.GroupBy>>"):
+            assert placeholder in rule["metricsQuery"]
     # The recording rule keeps the labels the adapter maps to Kubernetes objects.
     for expr in recording_rules().values():
         assert all(group == "namespace, pod" for group in re.findall(r"by \(([^)]*)\)", expr)), expr
