@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 		|| (d=$$(mktemp -d) && cd $$d && apt-get download -qq prometheus && dpkg -x prometheus_*.deb x \
 			&& cp x/usr/bin/promtool $(CURDIR)/$(BIN)/) \
 		|| echo "note: promtool (Debian's prometheus package) evaluates the autoscaling rule; without it that test skips"
+	command -v npm >/dev/null && npm install --silent --no-audit --no-fund --prefix $(VENV)/node \
+		@kubernetes-models/prometheus-operator@6.0.0 \
+		|| echo "note: npm installs the Prometheus operator's CRD schemas; without them that test skips"
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -4,15 +4,20 @@ kubernetes-validate (pinned in pyproject.toml) carries the OpenAPI schemas of Ku
 rejects unknown fields. Custom resources have no schema there:
   - LeaderWorkerSet (leaderworkerset.x-k8s.io/v1): its leader and worker pod templates are validated as core
     PodTemplates; the LWS fields around them (size, restartPolicy, startupPolicy) are checked here by name only;
-  - PodMonitor and PrometheusRule (monitoring.coreos.com/v1): checked here for the fields the operator needs and for
-    what they point at (port names, labels, metric names: tests/test_kubernetes_e2e.py scrapes a real server);
+  - PodMonitor and PrometheusRule (monitoring.coreos.com/v1): validated against the operator's CRD schemas as
+    @kubernetes-models/prometheus-operator packages them (Node; the Makefile installs it into .venv/node; these
+    schemas check types, patterns and required fields, not unknown ones), and checked here for what they point at
+    (port names, labels, metric names: tests/test_kubernetes_e2e.py scrapes a real server);
   - kustomization.yaml and the prometheus-adapter Helm values are not Kubernetes objects: checked here.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import kubernetes_validate
@@ -80,6 +85,26 @@ def test_every_manifest_validates_or_is_a_known_custom_resource(path):
             validate(obj)
         for template in pod_templates(obj):  # a LeaderWorkerSet's pod templates too
             validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template})
+
+
+def validate_operator_objects(objects: list[dict]) -> subprocess.CompletedProcess:
+    node, models = shutil.which("node"), ROOT / ".venv" / "node"
+    if node is None or not (models / "node_modules" / "@kubernetes-models" / "prometheus-operator").is_dir():
+        pytest.skip("node or @kubernetes-models/prometheus-operator missing (the Makefile installs it into .venv/node)")
+    return subprocess.run([node, str(ROOT / "tests" / "kubernetes_crds.mjs"), str(models)], input=json.dumps(objects),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_operator_objects_validate_against_the_operators_crd_schemas():
+    objects = [obj for _, obj in all_objects() if obj["apiVersion"] == "monitoring.coreos.com/v1"]
+    assert {obj["kind"] for obj in objects} == {"PodMonitor", "PrometheusRule"}
+    done = validate_operator_objects(objects)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("\nok ") + done.stdout.startswith("ok ") == len(objects)
+    broken = copy.deepcopy(the("PodMonitor", "cpu"))
+    broken["spec"]["podMetricsEndpoints"][0]["interval"] = "every 5 seconds"
+    done = validate_operator_objects([broken])
+    assert done.returncode == 1 and "interval must match pattern" in done.stdout, done.stdout + done.stderr
 
 
 def test_strict_validation_catches_a_misspelt_field():
