@@ -28,7 +28,7 @@ import tritonclient.grpc as grpcclient
 import yaml
 from conftest import start_server
 from prometheus_text import Scrape, scrape
-from test_kubernetes_manifests import ROOT, of_kind, pod_templates, recording_rules, the
+from test_kubernetes_manifests import EXIT_TIMEOUT_S, ROOT, of_kind, pod_templates, recording_rules, the
 from triton_client import StreamClient, token_inputs
 from trtllm_support import fake_engine_repository
 
@@ -362,3 +362,40 @@ def wait_for_idle(metrics_url: str) -> Scrape:
             return current
         assert time.monotonic() < deadline, "the executor never went idle"
         time.sleep(0.05)
+
+
+def here(arg: str, overrides: dict[str, str]) -> str:
+    """One word of a container's command, run on this machine: this Python, this checkout, other option values."""
+    option = arg.split("=", 1)[0]
+    if option in overrides:
+        return f"{option}={overrides[option]}"
+    return sys.executable if arg == "python3" else arg.replace("/opt/trtllm_triton", str(ROOT))
+
+
+def test_a_pod_stops_as_kubernetes_stops_it(tmp_path):
+    """The kubelet's sequence on a server: the CPU Deployment's preStop command (its timeout shortened), then SIGTERM
+    to `trtllm-triton serve`. A stream that ends during the drain is whole; one still open after it gets exactly one
+    final response; the server exits well inside terminationGracePeriodSeconds."""
+    container = the("Deployment", "cpu")["spec"]["template"]["spec"]["containers"][0]
+    grace = the("Deployment", "cpu")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    server = start_server(tmp_path, executor="synthetic")  # 10 ms per step
+    client = StreamClient(server.grpc_url)
+    try:
+        short = client.send("tensorrt_llm", token_inputs([7, 8], 100), "short")  # about 1 s: ends during the drain
+        long = client.send("tensorrt_llm", token_inputs([9, 10], 3000), "long")  # about 30 s: still open after it
+        time.sleep(0.3)
+        overrides = {"--metrics-url": server.metrics_url, "--min-wait": "0.5", "--timeout": "3"}
+        pre_stop = [here(arg, overrides) for arg in container["lifecycle"]["preStop"]["exec"]["command"]]
+        done = subprocess.run(pre_stop, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "1 open request(s) left" in done.stdout, done.stdout + done.stderr
+        assert short.done.is_set() and len(short.tokens()) == 100 and short.errors == []
+        stopped = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        # Within tritonserver's exit timeout plus a margin: far inside the grace period, which must also hold the drain.
+        assert server.process.wait(EXIT_TIMEOUT_S + 30) == 0
+        assert time.monotonic() - stopped < EXIT_TIMEOUT_S < grace
+        assert "Exit timeout expired" not in server.log() and "Non-graceful termination" not in server.log()
+        assert long.wait(5).finals == 1 and len(long.tokens()) < 3000
+    finally:
+        client.close()
+        server.stop()
