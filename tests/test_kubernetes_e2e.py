@@ -372,6 +372,8 @@ def here(arg: str, overrides: dict[str, str]) -> str:
     return sys.executable if arg == "python3" else arg.replace("/opt/trtllm_triton", str(ROOT))
 
 
+@pytest.mark.xfail(strict=True, reason="issue 14: with a stream open, tensorrt_llm never unloads on SIGTERM and "
+                   "tritonserver's exit timeout expires; remove this marker when its stop fix is merged")
 def test_a_pod_stops_as_kubernetes_stops_it(tmp_path):
     """The kubelet's sequence on a server: the CPU Deployment's preStop command (its timeout shortened), then SIGTERM
     to `trtllm-triton serve`. A stream that ends during the drain is whole; one still open after it gets exactly one
