@@ -95,10 +95,12 @@ def start_server(
     expect_ready: bool = True,
     server_args: list[str] | None = None,
     cwd: Path | None = None,
+    openai_port: int | None = None,
 ) -> Server:
     """Start `trtllm-triton serve` on free ports; returns once every model is ready (or raises with the log).
 
-    `server_args` go to tritonserver itself (after `--`); `cwd` is the server's working directory."""
+    `server_args` go to tritonserver itself (after `--`); `cwd` is the server's working directory; the OpenAI
+    frontend runs only with an `openai_port` (tests/test_e2e_openai*.py wait for it themselves)."""
     workdir.mkdir(parents=True, exist_ok=True)
     if repository is None:
         repository = write_repository(workdir / "repository", parameters, models, config_edits)
@@ -111,6 +113,7 @@ def start_server(
     ]
     if executor:
         command.append(f"--executor={executor}")
+    command.append("--no-openai" if openai_port is None else f"--openai-port={openai_port}")
     if server_args:
         command += ["--", *server_args]
     environment = dict(os.environ)

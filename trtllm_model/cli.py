@@ -24,12 +24,17 @@ from .server import (
 )
 
 
-def serve(options: ServerOptions, ready_timeout_s: float) -> int:
+def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | None = None) -> int:
+    """Run tritonserver until it exits; with `openai_port`, the OpenAI frontend next to it (stopped with it)."""
     connect_host = "127.0.0.1" if options.host == "0.0.0.0" else options.host
     busy = ports_in_use(options.host, [options.http_port, options.grpc_port, options.metrics_port])
     if busy:
         print(f"trtllm-triton: port(s) {', '.join(map(str, busy))} already in use on {options.host}; "
               "stop the other server or pick other --http-port/--grpc-port/--metrics-port", file=sys.stderr)
+        return 2
+    if openai_port is not None and ports_in_use(options.host, [openai_port]):
+        print(f"trtllm-triton: port {openai_port} already in use on {options.host}; pick another --openai-port "
+              "or pass --no-openai", file=sys.stderr)
         return 2
     extra_env = {EXECUTOR_OVERRIDE_ENV: options.executor} if options.executor else {}
     process = subprocess.Popen(server_command(options), env=server_environment(extra_env))
@@ -67,7 +72,34 @@ def serve(options: ServerOptions, ready_timeout_s: float) -> int:
         process.terminate()
     else:
         print("trtllm-triton: tritonserver exited before it was ready (see its log above)", file=sys.stderr)
-    return process.wait()
+    frontend = None
+    if openai_port is not None and process.poll() is None and not stopping.is_set():
+        frontend = start_openai_frontend(options, connect_host, openai_port)
+    try:
+        return process.wait()
+    finally:
+        if frontend is not None:
+            stop_process(frontend)
+
+
+def start_openai_frontend(options: ServerOptions, connect_host: str, port: int) -> subprocess.Popen:
+    """`trtllm-triton openai` against this server's gRPC port, bound to the server's --host."""
+    command = [sys.executable, "-m", "trtllm_model.cli", "openai", f"--triton-url={connect_host}:{options.grpc_port}",
+               f"--host={options.host}", f"--port={port}"]
+    if options.executor:
+        command.append(f"--executor={options.executor}")  # the frontend loads the tokenizer of the executor in use
+    return subprocess.Popen(command)
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
+    """SIGTERM (uvicorn then lets open responses finish), SIGKILL if it is still there after `timeout_s`."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def unload_models(host: str, http_port: int, settle_s: float = 5.0) -> None:
@@ -104,8 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--executor", help="override the config's `executor` parameter (e.g. synthetic, transformers)")
     run.add_argument("--log-verbose", type=int, default=0)
     run.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
+    run.add_argument("--openai-port", type=int, default=9000, help="port of the OpenAI-compatible API (on --host)")
+    run.add_argument("--no-openai", action="store_true", help="serve without the OpenAI-compatible API")
     run.add_argument("server_args", nargs="*", help="extra tritonserver flags, after --")
     commands.add_parser("configure", help="write a model repository from flags", add_help=False)
+    openai = commands.add_parser("openai", help="serve the OpenAI-compatible API in front of a running tritonserver")
+    openai.add_argument("--triton-url", action="append", required=True,
+                        help="Triton gRPC address host:port; repeat (or comma-separate) for replicas of one repository")
+    openai.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
+    openai.add_argument("--port", type=int, default=9000)
+    openai.add_argument("--executor", help="the executor the server runs, if `serve --executor` overrode the config's "
+                        "(the frontend loads that executor's tokenizer)")
+    openai.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "configure":
@@ -114,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         return configure_main(rest)
     if rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
+    if args.command == "openai":
+        from .openai_frontend.app import run as run_openai
+
+        urls = [url for value in args.triton_url for url in value.split(",") if url]
+        run_openai(urls, args.host, args.port, args.executor, args.log_level)
+        return 0
     options = ServerOptions(
         model_repository=args.model_repository.resolve(),
         host=args.host,
@@ -124,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         log_verbose=args.log_verbose,
         extra_args=args.server_args,
     )
-    return serve(options, args.ready_timeout)
+    return serve(options, args.ready_timeout, None if args.no_openai else args.openai_port)
 
 
 if __name__ == "__main__":
