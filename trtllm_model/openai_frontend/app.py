@@ -260,13 +260,16 @@ def create_app(urls: list[str], executor: str | None = None) -> FastAPI:
             return StreamingResponse(generation.sse(), media_type="text/event-stream", headers=SSE_HEADERS)
         return JSONResponse(await generation.body())
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await complete(await request.body(), ChatRequest, "chatcmpl")
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await complete(await request.body(), CompletionRequest, "cmpl")
+
+    # Plain Starlette routes: the body is parsed by protocol.py, so FastAPI's per-request dependency solving
+    # would only add time before the first token.
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_route("/v1/completions", completions, methods=["POST"])
 
     return app
 

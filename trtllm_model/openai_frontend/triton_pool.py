@@ -1,9 +1,11 @@
-"""The Triton side of the frontend: tritonclient's asyncio gRPC clients (one channel per Triton URL), the models
-they serve, and one generation as an async iterator of new tokens.
+"""The Triton side of the frontend: the models Triton serves, and one generation as an async iterator of new tokens.
 
-Several URLs (replicas serving the same models) share the requests round-robin; one URL is the common case.
-Each generation is its own bidirectional `ModelStreamInfer` call carrying one request, so closing the call is
-how a client that went away cancels its request (Triton passes the cancellation to the model).
+Per Triton URL: tritonclient's asyncio client (readiness, repository index, model configs) and one gRPC channel
+for generations. Several URLs (replicas serving the same models) share the requests round-robin; one URL is the
+common case. Generations ride CALLS_PER_URL shared `ModelStreamInfer` calls (tritonclient's generated stub, raw
+tensors), routed by request id: a call per request cost ~0.5 ms more to the first token (bench/openai.py).
+A request whose client went away is cancelled with NVIDIA's `stop` input on its call; a call that breaks ends
+its requests with 503 and the next request opens a new one.
 """
 
 from __future__ import annotations
@@ -11,21 +13,25 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+import struct
 import time
 import uuid
+from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
-import numpy as np
-import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from ..executor_interface import Tokenizer
 from .protocol import ApiError
 from .tokenization import config_parameters, context_length, load_model_tokenizer
 
+CALLS_PER_URL = 4  # shared calls per Triton, taken in turn
+IDLE_CLOSE_S = 0.25
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 # Our model's finish_reason output -> OpenAI's.
 FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "length": "length", "timeout": "length"}
 # The model's error text starts with the Triton error code, then the input it is about (see triton_io.py).
@@ -63,35 +69,63 @@ class Delta:
     finish_reason: str | None  # OpenAI's, on the last delta only
 
 
-def _tensor(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
-    tensor = grpcclient.InferInput(name, list(array.shape), datatype)
-    tensor.set_data_from_numpy(array)
-    return tensor
+def _add_input(request: service_pb2.ModelInferRequest, name: str, datatype: str, shape: list[int], raw: bytes) -> None:
+    tensor = request.inputs.add(name=name, datatype=datatype)
+    tensor.shape.extend(shape)
+    request.raw_input_contents.append(raw)
 
 
-def request_inputs(input_ids: list[int], sampling: Sampling, end_id: int | None) -> list[grpcclient.InferInput]:
-    """The `tensorrt_llm` model's inputs (NVIDIA's names) for one streamed generation."""
-    inputs = [
-        _tensor("input_ids", np.array([input_ids], dtype=np.int32), "INT32"),
-        _tensor("request_output_len", np.array([[sampling.max_tokens]], dtype=np.int32), "INT32"),
-        _tensor("streaming", np.array([[True]]), "BOOL"),
-        _tensor("return_finish_reason", np.array([[True]]), "BOOL"),  # the final response then carries outputs
-    ]
+_TRUE = b"\x01"
+
+
+def generation_request(request_id: str, model: str, input_ids: list[int], sampling: Sampling,
+                       end_id: int | None) -> service_pb2.ModelInferRequest:
+    """The `tensorrt_llm` model's inputs (NVIDIA's names) for one streamed generation, as raw little-endian
+    tensors (building them from numpy through tritonclient's InferInput cost more than the rest of the request)."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    _add_input(request, "input_ids", "INT32", [1, len(input_ids)], struct.pack(f"<{len(input_ids)}i", *input_ids))
+    _add_input(request, "request_output_len", "INT32", [1, 1], struct.pack("<i", sampling.max_tokens))
+    _add_input(request, "streaming", "BOOL", [1, 1], _TRUE)
+    _add_input(request, "return_finish_reason", "BOOL", [1, 1], _TRUE)  # the final response then carries outputs
     if end_id is not None:
-        inputs.append(_tensor("end_id", np.array([[end_id]], dtype=np.int32), "INT32"))
+        _add_input(request, "end_id", "INT32", [1, 1], struct.pack("<i", end_id))
     for name, value in (("temperature", sampling.temperature), ("top_p", sampling.top_p),
                         ("presence_penalty", sampling.presence_penalty),
                         ("frequency_penalty", sampling.frequency_penalty)):
         if value is not None:
-            inputs.append(_tensor(name, np.array([[value]], dtype=np.float32), "FP32"))
+            _add_input(request, name, "FP32", [1, 1], struct.pack("<f", value))
     if sampling.seed is not None:
-        inputs.append(_tensor("seed", np.array([[sampling.seed]], dtype=np.uint64), "UINT64"))
+        _add_input(request, "seed", "UINT64", [1, 1], struct.pack("<Q", sampling.seed))
     if sampling.stop_words:  # lets the engine stop early where a stop string is whole tokens; text_stream cuts
-        words = np.array([[w.encode() for w in sampling.stop_words]], dtype=np.object_)
-        inputs.append(_tensor("stop_words", words, "BYTES"))
+        words = [w.encode() for w in sampling.stop_words]
+        _add_input(request, "stop_words", "BYTES", [1, len(words)],
+                   b"".join(struct.pack("<I", len(w)) + w for w in words))
     if sampling.logprobs:
-        inputs.append(_tensor("return_log_probs", np.array([[True]]), "BOOL"))
-    return inputs
+        _add_input(request, "return_log_probs", "BOOL", [1, 1], _TRUE)
+    return request
+
+
+def stop_request(request_id: str, model: str) -> service_pb2.ModelInferRequest:
+    """NVIDIA's `stop` input: cancel the request in flight with this id (sent on the call that carries it)."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    _add_input(request, "stop", "BOOL", [1, 1], _TRUE)
+    return request
+
+
+def response_delta(response: service_pb2.ModelInferResponse, final: bool) -> Delta:
+    """New tokens (and log probs, finish reason) of one response; any output shape, read flat."""
+    ids, log_probs, reason = [], None, None
+    for index, output in enumerate(response.outputs):
+        raw = response.raw_output_contents[index]
+        if output.name == "output_ids":
+            ids = [t for t in array("i", raw) if t >= 0]  # beams are padded with -1
+        elif output.name == "output_log_probs":
+            log_probs = array("f", raw).tolist()
+        elif output.name == "finish_reason" and len(raw) >= 4:
+            length = struct.unpack_from("<I", raw)[0]  # the first string of a BYTES tensor
+            reason = raw[4 : 4 + length].decode()
+    finish = FINISH_REASONS.get(reason or "", "stop") if final else None
+    return Delta(ids, log_probs, finish)
 
 
 def api_error_from_triton(message: str, param_names: dict[str, str]) -> ApiError:
@@ -111,9 +145,72 @@ def api_error_from_triton(message: str, param_names: dict[str, str]) -> ApiError
     return ApiError(500, message, None, "triton_error")
 
 
-def _flat(result: grpcclient.InferResult, name: str) -> np.ndarray | None:
-    array = result.as_numpy(name)
-    return None if array is None else array.reshape(-1)
+class _SharedCall:
+    """One `ModelStreamInfer` call carrying many requests; each response goes to its request by id.
+
+    Opened on demand and half-closed once it has carried no request for IDLE_CLOSE_S: an open call, even idle,
+    keeps tritonserver 2.51 from unloading the model it last served and from exiting (until its exit timeout)."""
+
+    def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+        self._outgoing: asyncio.Queue = asyncio.Queue()
+        self.waiters: dict[str, asyncio.Queue] = {}
+        self.closed: str | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._call = stub.ModelStreamInfer(self._requests())
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _requests(self):
+        while (request := await self._outgoing.get()) is not None:
+            yield request
+
+    def open_request(self, request_id: str, request: service_pb2.ModelInferRequest) -> asyncio.Queue:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        responses = self.waiters[request_id] = asyncio.Queue()
+        self._outgoing.put_nowait(request)
+        return responses
+
+    def end_request(self, request_id: str, stop: service_pb2.ModelInferRequest | None) -> None:
+        del self.waiters[request_id]
+        if self.closed:
+            return
+        if stop is not None:
+            self._outgoing.put_nowait(stop)
+        if not self.waiters:
+            self._idle_timer = asyncio.get_running_loop().call_later(IDLE_CLOSE_S, self._close_if_idle)
+
+    def _close_if_idle(self) -> None:
+        if not self.waiters and not self.closed:
+            self.closed = "idle"
+            self._outgoing.put_nowait(None)  # half-close: Triton ends the call after its last responses
+
+    async def _read(self) -> None:
+        try:
+            async for message in self._call:
+                request_id = message.infer_response.id or _id_in_message(message.error_message)
+                waiter = self.waiters.get(request_id)
+                if waiter is not None:
+                    waiter.put_nowait(message)
+            self.closed = self.closed or "Triton ended the call"
+        except grpc.RpcError as exc:
+            self.closed = f"Triton call failed: {exc.details() if hasattr(exc, 'details') else exc}"
+        except asyncio.CancelledError:
+            self.closed = "the frontend is stopping"
+        for waiter in self.waiters.values():
+            waiter.put_nowait(None)
+
+    def close(self) -> None:
+        self.closed = self.closed or "the frontend is stopping"
+        self._outgoing.put_nowait(None)
+        self._call.cancel()
+        self._reader.cancel()
+
+
+def _id_in_message(message: str) -> str:
+    # Triton's own refusals (e.g. an unknown model) carry the request id only in the message.
+    match = re.match(r"\[request id: ([^\]]+)\]", message)
+    return match.group(1) if match else ""
 
 
 class TritonPool:
@@ -122,14 +219,24 @@ class TritonPool:
             raise ValueError("at least one Triton gRPC URL is needed")
         self.urls = urls
         self.executor = executor  # the executor the server was started with, when it overrides the config's
+        # tritonclient's asyncio client for readiness and the repository; generations on a channel of their own
+        # through tritonclient's generated stub, with raw tensors.
         self._clients = [grpcaio.InferenceServerClient(url) for url in urls]
-        self._turn = itertools.cycle(range(len(self._clients)))
+        self._channels = [grpc.aio.insecure_channel(url, options=CHANNEL_OPTIONS) for url in urls]
+        self._stubs = [service_pb2_grpc.GRPCInferenceServiceStub(channel) for channel in self._channels]
+        self._calls: list[_SharedCall | None] = [None] * (len(urls) * CALLS_PER_URL)
+        self._turn = itertools.cycle(range(len(self._calls)))
         self.models: dict[str, ModelInfo] = {}
         self._refresh_lock = asyncio.Lock()
 
     async def close(self) -> None:
+        for call in self._calls:
+            if call is not None:
+                call.close()
         for client in self._clients:
             await client.close()
+        for channel in self._channels:
+            await channel.close()
 
     async def is_ready(self) -> bool:
         """Whether some Triton behind the frontend is ready (live, its models loaded)."""
@@ -186,46 +293,39 @@ class TritonPool:
                 failure = exc
         raise ApiError(503, f"Triton is not reachable at {', '.join(self.urls)}: {failure}", None, "triton_unavailable")
 
+    def _shared_call(self) -> _SharedCall:
+        slot = next(self._turn)
+        call = self._calls[slot]
+        if call is None or call.closed:
+            call = self._calls[slot] = _SharedCall(self._stubs[slot % len(self._stubs)])
+        return call
+
     async def generate(self, info: ModelInfo, input_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
         """The generation's new tokens as they stream; raises ApiError for a Triton error. Closing the iterator
-        before the last delta cancels the request in Triton."""
-        inputs = request_inputs(input_ids, sampling, info.tokenizer.eos_token_id)
-        finished = asyncio.Event()
-
-        async def requests():
-            yield {"model_name": info.name, "inputs": inputs, "request_id": uuid.uuid4().hex}
-            await finished.wait()  # keep the call open until the final response (closing it cancels)
-
-        responses = self._clients[next(self._turn)].stream_infer(requests())
+        before the last delta cancels the request in Triton (NVIDIA's `stop` input, same request id)."""
+        request_id = uuid.uuid4().hex
+        call = self._shared_call()
+        responses = call.open_request(
+            request_id, generation_request(request_id, info.name, input_ids, sampling, info.tokenizer.eos_token_id))
         done = False
         try:
-            async for result, error in responses:
-                if error is not None:
+            while True:
+                message = await responses.get()
+                if message is None:
                     done = True
-                    raise api_error_from_triton(error.message(), sampling.param_names)
-                ids = _flat(result, "output_ids")
-                log_probs = _flat(result, "output_log_probs") if sampling.logprobs else None
-                reason = _flat(result, "finish_reason")
-                final = result.get_response().parameters["triton_final_response"].bool_param
-                finish = None
-                if final:
+                    raise ApiError(503, call.closed or "Triton ended the call", None, "triton_unavailable")
+                if message.error_message:
                     done = True
-                    raw = reason[0].decode() if reason is not None and reason.size else ""
-                    finish = FINISH_REASONS.get(raw, "stop")
-                yield Delta([] if ids is None else [t for t in ids.tolist() if t >= 0],
-                            None if log_probs is None else log_probs.tolist(), finish)
+                    raise api_error_from_triton(message.error_message, sampling.param_names)
+                final_flag = message.infer_response.parameters.get("triton_final_response")
+                final = final_flag is not None and final_flag.bool_param
+                delta = response_delta(message.infer_response, final)
+                done = final
+                yield delta
                 if final:
                     return
-            done = True
-            raise ApiError(503, "Triton closed the stream before the final response", None, "triton_unavailable")
-        except grpc.RpcError as exc:
-            done = True
-            raise ApiError(503, f"Triton call failed: {exc.details() if hasattr(exc, 'details') else exc}", None,
-                           "triton_unavailable") from None
         finally:
-            finished.set()
-            if not done:
-                responses.cancel()
+            call.end_request(request_id, None if done else stop_request(request_id, info.name))
 
 
 def _streams_tokens(config: dict) -> bool:
