@@ -2,10 +2,9 @@
 
 Per Triton URL: tritonclient's asyncio client (readiness, repository index, model configs) and one gRPC channel
 for generations. Several URLs (replicas serving the same models) share the requests round-robin; one URL is the
-common case. Generations ride CALLS_PER_URL shared `ModelStreamInfer` calls (tritonclient's generated stub, raw
-tensors), routed by request id: a call per request cost ~0.5 ms more to the first token (bench/openai.py).
-A request whose client went away is cancelled with NVIDIA's `stop` input on its call; a call that breaks ends
-its requests with 503 and the next request opens a new one.
+common case. A generation is one request on a `ModelStreamInfer` call (tritonclient's generated stub, raw
+tensors), the call reused by later requests while it is fresh (see _Calls); cancelling the call is how a client
+that went away cancels its request, as Triton passes the cancellation to the model.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from ..executor_interface import Tokenizer
 from .protocol import ApiError
 from .tokenization import config_parameters, context_length, load_model_tokenizer
 
-CALLS_PER_URL = 4  # shared calls per Triton, taken in turn
 IDLE_CLOSE_S = 0.25
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 # Our model's finish_reason output -> OpenAI's.
@@ -105,13 +103,6 @@ def generation_request(request_id: str, model: str, input_ids: list[int], sampli
     return request
 
 
-def stop_request(request_id: str, model: str) -> service_pb2.ModelInferRequest:
-    """NVIDIA's `stop` input: cancel the request in flight with this id (sent on the call that carries it)."""
-    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
-    _add_input(request, "stop", "BOOL", [1, 1], _TRUE)
-    return request
-
-
 def response_delta(response: service_pb2.ModelInferResponse, final: bool) -> Delta:
     """New tokens (and log probs, finish reason) of one response; any output shape, read flat."""
     ids, log_probs, reason = [], None, None
@@ -145,72 +136,40 @@ def api_error_from_triton(message: str, param_names: dict[str, str]) -> ApiError
     return ApiError(500, message, None, "triton_error")
 
 
-class _SharedCall:
-    """One `ModelStreamInfer` call carrying many requests; each response goes to its request by id.
+class _Calls:
+    """Open `ModelStreamInfer` calls to one Triton, each carrying one request at a time and reused by the next.
 
-    Opened on demand and half-closed once it has carried no request for IDLE_CLOSE_S: an open call, even idle,
-    keeps tritonserver 2.51 from unloading the model it last served and from exiting (until its exit timeout)."""
+    A request on an open call reached its first token ~0.5 ms sooner than on a new call; one request per call
+    keeps concurrent streams as fast as separate calls (sharing one call among many requests cost a third of the
+    tokens/s at 64 streams; bench/openai.py), and cancelling the call is how a request is cancelled. A call left
+    unused for IDLE_CLOSE_S is closed: an open call, even idle, keeps tritonserver 2.51 from unloading the model it
+    last served and from exiting until its exit timeout."""
 
     def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
-        self._outgoing: asyncio.Queue = asyncio.Queue()
-        self.waiters: dict[str, asyncio.Queue] = {}
-        self.closed: str | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
-        self._call = stub.ModelStreamInfer(self._requests())
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        self._stub = stub
+        self._idle: list[tuple[grpc.aio.StreamStreamCall, asyncio.TimerHandle]] = []
 
-    async def _requests(self):
-        while (request := await self._outgoing.get()) is not None:
-            yield request
+    def take(self) -> grpc.aio.StreamStreamCall:
+        while self._idle:
+            call, timer = self._idle.pop()
+            timer.cancel()
+            if not call.done():  # not ended by Triton (e.g. restarted) while idle
+                return call
+        return self._stub.ModelStreamInfer()
 
-    def open_request(self, request_id: str, request: service_pb2.ModelInferRequest) -> asyncio.Queue:
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
-        responses = self.waiters[request_id] = asyncio.Queue()
-        self._outgoing.put_nowait(request)
-        return responses
+    def give_back(self, call: grpc.aio.StreamStreamCall) -> None:
+        timer = asyncio.get_running_loop().call_later(IDLE_CLOSE_S, self._close_idle, call)
+        self._idle.append((call, timer))
 
-    def end_request(self, request_id: str, stop: service_pb2.ModelInferRequest | None) -> None:
-        del self.waiters[request_id]
-        if self.closed:
-            return
-        if stop is not None:
-            self._outgoing.put_nowait(stop)
-        if not self.waiters:
-            self._idle_timer = asyncio.get_running_loop().call_later(IDLE_CLOSE_S, self._close_if_idle)
-
-    def _close_if_idle(self) -> None:
-        if not self.waiters and not self.closed:
-            self.closed = "idle"
-            self._outgoing.put_nowait(None)  # half-close: Triton ends the call after its last responses
-
-    async def _read(self) -> None:
-        try:
-            async for message in self._call:
-                request_id = message.infer_response.id or _id_in_message(message.error_message)
-                waiter = self.waiters.get(request_id)
-                if waiter is not None:
-                    waiter.put_nowait(message)
-            self.closed = self.closed or "Triton ended the call"
-        except grpc.RpcError as exc:
-            self.closed = f"Triton call failed: {exc.details() if hasattr(exc, 'details') else exc}"
-        except asyncio.CancelledError:
-            self.closed = "the frontend is stopping"
-        for waiter in self.waiters.values():
-            waiter.put_nowait(None)
+    def _close_idle(self, call: grpc.aio.StreamStreamCall) -> None:
+        self._idle = [(c, t) for c, t in self._idle if c is not call]
+        call.cancel()  # it carries no request: nothing in Triton is cancelled
 
     def close(self) -> None:
-        self.closed = self.closed or "the frontend is stopping"
-        self._outgoing.put_nowait(None)
-        self._call.cancel()
-        self._reader.cancel()
-
-
-def _id_in_message(message: str) -> str:
-    # Triton's own refusals (e.g. an unknown model) carry the request id only in the message.
-    match = re.match(r"\[request id: ([^\]]+)\]", message)
-    return match.group(1) if match else ""
+        for call, timer in self._idle:
+            timer.cancel()
+            call.cancel()
+        self._idle.clear()
 
 
 class TritonPool:
@@ -224,15 +183,14 @@ class TritonPool:
         self._clients = [grpcaio.InferenceServerClient(url) for url in urls]
         self._channels = [grpc.aio.insecure_channel(url, options=CHANNEL_OPTIONS) for url in urls]
         self._stubs = [service_pb2_grpc.GRPCInferenceServiceStub(channel) for channel in self._channels]
-        self._calls: list[_SharedCall | None] = [None] * (len(urls) * CALLS_PER_URL)
-        self._turn = itertools.cycle(range(len(self._calls)))
+        self._calls = [_Calls(stub) for stub in self._stubs]
+        self._turn = itertools.cycle(range(len(urls)))
         self.models: dict[str, ModelInfo] = {}
         self._refresh_lock = asyncio.Lock()
 
     async def close(self) -> None:
-        for call in self._calls:
-            if call is not None:
-                call.close()
+        for calls in self._calls:
+            calls.close()
         for client in self._clients:
             await client.close()
         for channel in self._channels:
@@ -293,29 +251,21 @@ class TritonPool:
                 failure = exc
         raise ApiError(503, f"Triton is not reachable at {', '.join(self.urls)}: {failure}", None, "triton_unavailable")
 
-    def _shared_call(self) -> _SharedCall:
-        slot = next(self._turn)
-        call = self._calls[slot]
-        if call is None or call.closed:
-            call = self._calls[slot] = _SharedCall(self._stubs[slot % len(self._stubs)])
-        return call
-
     async def generate(self, info: ModelInfo, input_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
         """The generation's new tokens as they stream; raises ApiError for a Triton error. Closing the iterator
-        before the last delta cancels the request in Triton (NVIDIA's `stop` input, same request id)."""
-        request_id = uuid.uuid4().hex
-        call = self._shared_call()
-        responses = call.open_request(
-            request_id, generation_request(request_id, info.name, input_ids, sampling, info.tokenizer.eos_token_id))
+        before the last delta cancels the request in Triton (its gRPC call is cancelled)."""
+        request = generation_request(uuid.uuid4().hex, info.name, input_ids, sampling, info.tokenizer.eos_token_id)
+        calls = self._calls[next(self._turn)]
+        call = calls.take()
         done = False
         try:
+            await call.write(request)
             while True:
-                message = await responses.get()
-                if message is None:
-                    done = True
-                    raise ApiError(503, call.closed or "Triton ended the call", None, "triton_unavailable")
+                message = await call.read()
+                if message is grpc.aio.EOF:
+                    raise ApiError(503, "Triton ended the call before the final response", None, "triton_unavailable")
                 if message.error_message:
-                    done = True
+                    done = True  # an error response is the request's last
                     raise api_error_from_triton(message.error_message, sampling.param_names)
                 final_flag = message.infer_response.parameters.get("triton_final_response")
                 final = final_flag is not None and final_flag.bool_param
@@ -324,8 +274,15 @@ class TritonPool:
                 yield delta
                 if final:
                     return
+        except grpc.RpcError as exc:
+            done = False
+            raise ApiError(503, f"Triton call failed: {exc.details() if hasattr(exc, 'details') else exc}", None,
+                           "triton_unavailable") from None
         finally:
-            call.end_request(request_id, None if done else stop_request(request_id, info.name))
+            if done:
+                calls.give_back(call)
+            else:
+                call.cancel()  # the client went away (or the call broke): Triton cancels the request
 
 
 def _streams_tokens(config: dict) -> bool:
