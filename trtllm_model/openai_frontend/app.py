@@ -194,7 +194,7 @@ def _prompt_ids(request: ChatRequest | CompletionRequest, info: ModelInfo) -> li
     return prompt
 
 
-def create_app(urls: list[str], executor: str | None = None) -> FastAPI:
+def create_app(urls: list[str], executor: str | None = None, banner: str | None = None) -> FastAPI:
     pool: TritonPool  # made in the server's event loop: a grpc.aio channel belongs to the loop it was made in
 
     @contextlib.asynccontextmanager
@@ -205,6 +205,8 @@ def create_app(urls: list[str], executor: str | None = None) -> FastAPI:
             await pool.refresh_models()  # load the tokenizers now, not on the first request
         except ApiError as exc:
             log.warning("no models yet (%s); they are looked up on first use", exc.message)
+        if banner:
+            print(banner, flush=True)
         yield
         await pool.close()
 
@@ -278,7 +280,7 @@ def run(urls: list[str], host: str, port: int, executor: str | None = None, log_
     """Serve the API until SIGINT/SIGTERM (uvicorn lets open responses finish first)."""
     import uvicorn
 
-    app = create_app(urls, executor)
-    print(f"trtllm-triton openai: http://{host}:{port}/v1 -> Triton gRPC {', '.join(urls)}", flush=True)
+    app = create_app(urls, executor, f"trtllm-triton openai: ready. http://{host}:{port}/v1 -> Triton gRPC "
+                     f"{', '.join(urls)}")
     uvicorn.run(app, host=host, port=port, log_level=log_level, loop="uvloop", http="httptools",
                 timeout_graceful_shutdown=10)

@@ -1,7 +1,7 @@
 """Generated token ids -> the text a client sees: incremental detokenization, cut before the first stop string.
 
-Text that might be the start of a stop string is held back until the next tokens show it is not (at most the
-longest stop string less one character), so a stop string never leaks out, not even in part. With stop strings
+Text that might be the start of a stop string is held back until the next tokens show it is not, so a stop
+string never leaks out, not even in part. With stop strings
 each token is pushed on its own, so the count of tokens ends at the token that completed the stop.
 """
 
@@ -24,7 +24,6 @@ class TextStream:
         self._tokenizer = tokenizer
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._stops = stops
-        self._hold = max((len(s) for s in stops), default=1) - 1
         self._pending = ""  # decoded, not yet released
         self.with_logprobs = with_logprobs
         self.logprobs: list[TokenLogprob] = []  # one per counted token, when asked for
@@ -62,6 +61,16 @@ class TextStream:
                 text = self._tokenizer.decode([token], skip_special_tokens=False)
                 self.logprobs.append(TokenLogprob(text, values[index] if index < len(values) else float("nan")))
 
+    def _possible_stop_start(self) -> int:
+        """Length of the longest end of the pending text that begins some stop string."""
+        longest = 0
+        for stop in self._stops:
+            for length in range(min(len(stop) - 1, len(self._pending)), longest, -1):
+                if self._pending.endswith(stop[:length]):
+                    longest = length
+                    break
+        return longest
+
     def _release(self, final: bool) -> str:
         if self.stopped:
             return ""
@@ -71,7 +80,7 @@ class TextStream:
                 self.stopped = True
                 text, self._pending = self._pending[:cut], ""
                 return text
-        keep = 0 if final else min(self._hold, len(self._pending))
+        keep = 0 if final else self._possible_stop_start()
         text = self._pending[: len(self._pending) - keep]
         self._pending = self._pending[len(text) :]
         return text
