@@ -220,6 +220,15 @@ def test_client_disconnect_mid_stream_cancels_the_triton_request(client, served)
     wait_open_requests(server, 0, timeout_s=5.0)
 
 
+def test_client_disconnect_before_a_non_streamed_answer_cancels_too(served):
+    server, base_url = served
+    wait_open_requests(server, 0)
+    body = {"model": "tensorrt_llm", "messages": HI, "max_tokens": 3000}
+    with pytest.raises(requests.ReadTimeout):  # the client gives up and closes the connection
+        requests.post(f"{base_url}/chat/completions", json=body, timeout=(5, 1.0))
+    wait_open_requests(server, 0, timeout_s=5.0)
+
+
 def test_model_not_ready_is_503(client, served):
     server = served[0]
     repository = f"{server.http_url}/v2/repository/models/tensorrt_llm"

@@ -7,6 +7,7 @@ token arrive as an SSE `error` event, which the `openai` client raises.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -194,6 +195,29 @@ def _prompt_ids(request: ChatRequest | CompletionRequest, info: ModelInfo) -> li
     return prompt
 
 
+async def until_disconnected(http: Request, work):
+    """`work`'s result; cancelled (and so its Triton request) if the client goes away first. (Streamed responses
+    get the same from Starlette, which listens for the disconnect while it streams.)"""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # its cleanup cancels the Triton request
+    if task.cancelled():
+        raise ApiError(499, "the client closed the connection", None, "client_closed")
+    return task.result()
+
+
 def create_app(urls: list[str], executor: str | None = None, banner: str | None = None) -> FastAPI:
     pool: TritonPool  # made in the server's event loop: a grpc.aio channel belongs to the loop it was made in
 
@@ -240,8 +264,8 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
         info = await pool.model(name)
         return {"id": info.name, "object": "model", "created": info.created, "owned_by": "trtllm-triton"}
 
-    async def complete(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest], prefix: str) -> Response:
-        request = parse_body(raw, kind)
+    async def complete(http: Request, kind: type[ChatRequest] | type[CompletionRequest], prefix: str) -> Response:
+        request = parse_body(await http.body(), kind)
         info = await pool.model(request.model)
         prompt_ids = _prompt_ids(request, info)
         sampling = _sampling(request, info, len(prompt_ids))
@@ -260,13 +284,13 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
         )
         if request.stream:
             return StreamingResponse(generation.sse(), media_type="text/event-stream", headers=SSE_HEADERS)
-        return JSONResponse(await generation.body())
+        return JSONResponse(await until_disconnected(http, generation.body()))
 
-    async def chat_completions(request: Request) -> Response:
-        return await complete(await request.body(), ChatRequest, "chatcmpl")
+    async def chat_completions(http: Request) -> Response:
+        return await complete(http, ChatRequest, "chatcmpl")
 
-    async def completions(request: Request) -> Response:
-        return await complete(await request.body(), CompletionRequest, "cmpl")
+    async def completions(http: Request) -> Response:
+        return await complete(http, CompletionRequest, "cmpl")
 
     # Plain Starlette routes: the body is parsed by protocol.py, so FastAPI's per-request dependency solving
     # would only add time before the first token.
