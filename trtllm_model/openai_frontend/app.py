@@ -1,4 +1,5 @@
-"""The HTTP side: FastAPI routes for /v1/models, /v1/chat/completions, /v1/completions and /health.
+"""The HTTP side, served by uvicorn: FastAPI for /v1/models, /health and the lifespan (Triton clients, tokenizers);
+/v1/chat/completions and /v1/completions as plain ASGI in front of it, on Starlette's Request and JSONResponse.
 
 A generation's first Triton response is awaited before the HTTP status is chosen, so a request Triton refuses
 (bad parameter, queue full, model unloading) gets its own status even with stream=true; errors after the first
