@@ -209,7 +209,11 @@ class SseResponse:
     async def __call__(self, scope, receive, send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
         headers += [(k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()]
+        # The first event is ready (the first token came before the status was chosen): it leaves right behind the
+        # headers, before the tasks that watch the connection are even started.
+        first = await anext(self.events)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": first, "more_body": True})
 
         async def send_all() -> None:
             try:
