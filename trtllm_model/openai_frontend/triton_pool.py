@@ -81,6 +81,8 @@ def generation_request(request_id: str, model: str, input_ids: list[int], sampli
     """The `tensorrt_llm` model's inputs (NVIDIA's names) for one streamed generation, as raw little-endian
     tensors (building them from numpy through tritonclient's InferInput cost more than the rest of the request)."""
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    # The end is Triton's `triton_final_response` flag, even on a final response with no outputs.
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
     _add_input(request, "input_ids", "INT32", [1, len(input_ids)], struct.pack(f"<{len(input_ids)}i", *input_ids))
     _add_input(request, "request_output_len", "INT32", [1, 1], struct.pack("<i", sampling.max_tokens))
     _add_input(request, "streaming", "BOOL", [1, 1], _TRUE)
