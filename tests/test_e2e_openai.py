@@ -9,6 +9,7 @@ The synthetic executor makes every token predictable: token i after a prompt who
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
@@ -243,6 +244,49 @@ def test_model_not_ready_is_503(client, served):
     assert client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=2).choices[0].message.content
 
 
+@contextlib.contextmanager
+def frontend_alone(*args: str):
+    """`trtllm-triton openai ARGS` on a free port, once it answers; yields its base URL (http://...:PORT)."""
+    (port,) = free_ports(1)
+    process = subprocess.Popen([sys.executable, "-m", "trtllm_model.cli", "openai", f"--port={port}", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                requests.get(f"{base}/health", timeout=5)
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.2)
+        yield base
+    finally:
+        process.terminate()
+        assert process.wait(30) == -signal.SIGTERM  # uvicorn shuts down, then lets SIGTERM end the process
+
+
+def test_one_frontend_for_several_tritons_skips_one_it_cannot_reach(served):
+    server = served[0]
+    (dead,) = free_ports(1)
+    with frontend_alone(f"--triton-url=127.0.0.1:{dead},{server.grpc_url}", "--executor=synthetic") as base:
+        client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        for _ in range(4):  # the requests take the two URLs in turn
+            reply = client.completions.create(model="tensorrt_llm", prompt="abc", max_tokens=3)
+            assert reply.choices[0].text == "def"
+
+
+def test_frontend_alone_without_a_triton_answers_503():
+    (triton_port,) = free_ports(1)
+    with frontend_alone(f"--triton-url=127.0.0.1:{triton_port}") as base:
+        health = requests.get(f"{base}/health", timeout=5)
+        assert health.status_code == 503 and health.json()["error"]["message"] == "Triton is not ready"
+        client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as unavailable:
+            client.chat.completions.create(model="tensorrt_llm", messages=HI)
+        assert unavailable.value.status_code == 503 and "not reachable" in unavailable.value.body["message"]
+
+
 def test_frontend_stops_with_the_server(served):
     server, base_url = served
     frontends = [p for p in psutil.Process(server.process.pid).children(recursive=True)
@@ -252,29 +296,3 @@ def test_frontend_stops_with_the_server(served):
     assert not frontends[0].is_running()
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{base_url}/models", timeout=2)
-
-
-def test_frontend_alone_without_a_triton_answers_503(tmp_path):
-    triton_port, port = free_ports(2)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "trtllm_model.cli", "openai", f"--triton-url=127.0.0.1:{triton_port}", f"--port={port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                health = requests.get(f"{base}/health", timeout=5)
-                break
-            except requests.ConnectionError:
-                assert time.monotonic() < deadline and process.poll() is None
-                time.sleep(0.2)
-        assert health.status_code == 503 and health.json()["error"]["message"] == "Triton is not ready"
-        client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
-        with pytest.raises(openai.InternalServerError) as unavailable:
-            client.chat.completions.create(model="tensorrt_llm", messages=HI)
-        assert unavailable.value.status_code == 503 and "not reachable" in unavailable.value.body["message"]
-    finally:
-        process.terminate()
-        assert process.wait(30) == -signal.SIGTERM  # uvicorn shuts down, then lets SIGTERM end the process

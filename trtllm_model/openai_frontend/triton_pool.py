@@ -1,8 +1,8 @@
 """The Triton side of the frontend: the models Triton serves, and one generation as an async iterator of new tokens.
 
 Per Triton URL: tritonclient's asyncio client (readiness, repository index, model configs) and one gRPC channel
-for generations. Several URLs (replicas serving the same models) share the requests round-robin; one URL is the
-common case. A generation is one request on a `ModelStreamInfer` call (tritonclient's generated stub, raw
+for generations. Several URLs (replicas serving the same models) share the requests round-robin, skipping a Triton
+that cannot be reached; one URL is the common case. A generation is one request on a `ModelStreamInfer` call (tritonclient's generated stub, raw
 tensors), the call reused by later requests while it is fresh (see _Calls); cancelling the call is how a client
 that went away cancels its request, as Triton passes the cancellation to the model.
 """
@@ -253,17 +253,37 @@ class TritonPool:
                 failure = exc
         raise ApiError(503, f"Triton is not reachable at {', '.join(self.urls)}: {failure}", None, "triton_unavailable")
 
+    async def _start(self, request: service_pb2.ModelInferRequest):
+        """Send the request to the next Triton in turn; one that cannot be reached is skipped for the next.
+        Returns the calls it came from, the call and the first message."""
+        failure: grpc.RpcError | None = None
+        for _ in range(len(self._calls)):
+            calls = self._calls[next(self._turn)]
+            call = calls.take()
+            try:
+                await call.write(request)
+                return calls, call, await call.read()
+            except grpc.RpcError as exc:
+                call.cancel()
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                failure = exc  # no connection to that Triton: the request never started there
+            except BaseException:
+                call.cancel()  # the client went away while its request was sent
+                raise
+        raise failure
+
     async def generate(self, info: ModelInfo, input_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
         """The generation's new tokens as they stream; raises ApiError for a Triton error. Closing the iterator
         before the last delta cancels the request in Triton (its gRPC call is cancelled)."""
         request = generation_request(uuid.uuid4().hex, info.name, input_ids, sampling, info.tokenizer.eos_token_id)
-        calls = self._calls[next(self._turn)]
-        call = calls.take()
+        try:
+            calls, call, message = await self._start(request)
+        except grpc.RpcError as exc:
+            raise ApiError(503, f"Triton call failed: {exc.details()}", None, "triton_unavailable") from None
         done = False
         try:
-            await call.write(request)
             while True:
-                message = await call.read()
                 if message is grpc.aio.EOF:
                     raise ApiError(503, "Triton ended the call before the final response", None, "triton_unavailable")
                 if message.error_message:
@@ -276,10 +296,10 @@ class TritonPool:
                 yield delta
                 if final:
                     return
+                message = await call.read()
         except grpc.RpcError as exc:
             done = False
-            raise ApiError(503, f"Triton call failed: {exc.details() if hasattr(exc, 'details') else exc}", None,
-                           "triton_unavailable") from None
+            raise ApiError(503, f"Triton call failed: {exc.details()}", None, "triton_unavailable") from None
         finally:
             if done:
                 calls.give_back(call)
