@@ -13,6 +13,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import openai
@@ -287,12 +288,22 @@ def test_frontend_alone_without_a_triton_answers_503():
         assert unavailable.value.status_code == 503 and "not reachable" in unavailable.value.body["message"]
 
 
-def test_frontend_stops_with_the_server(served):
+def test_frontend_stops_with_the_server_ending_open_streams(served, client):
     server, base_url = served
     frontends = [p for p in psutil.Process(server.process.pid).children(recursive=True)
                  if "openai" in p.cmdline()]
     assert len(frontends) == 1
-    assert server.stop() == 0
+    stream = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=3000, stream=True)
+    next(stream)
+    stopping = threading.Thread(target=server.stop)
+    started = time.monotonic()
+    stopping.start()
+    with pytest.raises(openai.APIError) as ended:  # the model ends it as it unloads: an SSE error event
+        for _ in stream:
+            pass
+    assert "shutting down" in str(ended.value) and time.monotonic() - started < 20
+    stopping.join(60)
+    assert server.process.returncode == 0
     assert not frontends[0].is_running()
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{base_url}/models", timeout=2)
