@@ -43,6 +43,7 @@ class ModelInfo:
     tokenizer: Tokenizer
     max_output_len: int | None
     context_length: int | None
+    inputs: frozenset[str] = frozenset()  # the model's input names (optional ones are sent only if it has them)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -76,17 +77,19 @@ def _add_input(request: service_pb2.ModelInferRequest, name: str, datatype: str,
 _TRUE = b"\x01"
 
 
-def generation_request(request_id: str, model: str, input_ids: list[int], sampling: Sampling,
-                       end_id: int | None) -> service_pb2.ModelInferRequest:
+def generation_request(request_id: str, info: ModelInfo, input_ids: list[int],
+                       sampling: Sampling) -> service_pb2.ModelInferRequest:
     """The `tensorrt_llm` model's inputs (NVIDIA's names) for one streamed generation, as raw little-endian
     tensors (building them from numpy through tritonclient's InferInput cost more than the rest of the request)."""
-    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    end_id = info.tokenizer.eos_token_id
+    request = service_pb2.ModelInferRequest(model_name=info.name, id=request_id)
     # The end is Triton's `triton_final_response` flag, even on a final response with no outputs.
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     _add_input(request, "input_ids", "INT32", [1, len(input_ids)], struct.pack(f"<{len(input_ids)}i", *input_ids))
     _add_input(request, "request_output_len", "INT32", [1, 1], struct.pack("<i", sampling.max_tokens))
     _add_input(request, "streaming", "BOOL", [1, 1], _TRUE)
-    _add_input(request, "return_finish_reason", "BOOL", [1, 1], _TRUE)  # the final response then carries outputs
+    if "return_finish_reason" in info.inputs:
+        _add_input(request, "return_finish_reason", "BOOL", [1, 1], _TRUE)
     if end_id is not None:
         _add_input(request, "end_id", "INT32", [1, 1], struct.pack("<i", end_id))
     for name, value in (("temperature", sampling.temperature), ("top_p", sampling.top_p),
@@ -106,7 +109,8 @@ def generation_request(request_id: str, model: str, input_ids: list[int], sampli
 
 
 def response_delta(response: service_pb2.ModelInferResponse, final: bool) -> Delta:
-    """New tokens (and log probs, finish reason) of one response; any output shape, read flat."""
+    """New tokens (and log probs, finish reason) of one response; any output shape, read flat. A final response
+    without a finish reason says "stop" (the caller knows better when the length ran out)."""
     ids, log_probs, reason = [], None, None
     for index, output in enumerate(response.outputs):
         raw = response.raw_output_contents[index]
@@ -229,7 +233,8 @@ class TritonPool:
             raise ApiError(503, f"model {name}: no tokenizer known (set its tokenizer_dir parameter)", None,
                            "no_tokenizer")
         max_output = parameters.get("max_output_len")
-        return ModelInfo(name, tokenizer, int(max_output) if max_output else None, context_length(tokenizer))
+        return ModelInfo(name, tokenizer, int(max_output) if max_output else None, context_length(tokenizer),
+                         frozenset(i["name"] for i in config.get("input", [])))
 
     async def model(self, name: str) -> ModelInfo:
         info = self.models.get(name)
@@ -276,12 +281,12 @@ class TritonPool:
     async def generate(self, info: ModelInfo, input_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
         """The generation's new tokens as they stream; raises ApiError for a Triton error. Closing the iterator
         before the last delta cancels the request in Triton (its gRPC call is cancelled)."""
-        request = generation_request(uuid.uuid4().hex, info.name, input_ids, sampling, info.tokenizer.eos_token_id)
+        request = generation_request(uuid.uuid4().hex, info, input_ids, sampling)
         try:
             calls, call, message = await self._start(request)
         except grpc.RpcError as exc:
             raise ApiError(503, f"Triton call failed: {exc.details()}", None, "triton_unavailable") from None
-        done = False
+        done, generated = False, 0
         try:
             while True:
                 if message is grpc.aio.EOF:
@@ -292,6 +297,9 @@ class TritonPool:
                 final_flag = message.infer_response.parameters.get("triton_final_response")
                 final = final_flag is not None and final_flag.bool_param
                 delta = response_delta(message.infer_response, final)
+                generated += len(delta.token_ids)
+                if final and not _has_output(message.infer_response, "finish_reason"):
+                    delta.finish_reason = "length" if generated >= sampling.max_tokens else "stop"
                 done = final
                 yield delta
                 if final:
@@ -307,9 +315,13 @@ class TritonPool:
                 call.cancel()  # the client went away (or the call broke): Triton cancels the request
 
 
+def _has_output(response: service_pb2.ModelInferResponse, name: str) -> bool:
+    return any(output.name == name for output in response.outputs)
+
+
 def _streams_tokens(config: dict) -> bool:
     """A decoupled model with NVIDIA's token-level names: our `tensorrt_llm` (the ensemble is text-only)."""
     inputs = {i["name"] for i in config.get("input", [])}
     outputs = {o["name"] for o in config.get("output", [])}
     decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
-    return decoupled and {"input_ids", "request_output_len"} <= inputs and {"output_ids", "finish_reason"} <= outputs
+    return decoupled and {"input_ids", "request_output_len"} <= inputs and "output_ids" in outputs
