@@ -30,6 +30,7 @@ CANCEL_CHECK_S = 0.1
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        self._name = args["model_name"]
         self._ids = itertools.count(1)
         self._prefix = f"ensemble-{os.getpid()}-"
         self._lock = threading.Condition()
@@ -62,16 +63,22 @@ class TritonPythonModel:
             for response in inner.exec(decoupled=True):
                 if response.has_error():
                     error = response.error()
-                    break
+                    continue  # a forwarded request's error is not final (see triton_io.TritonStream.send_error)
                 tensors = response.output_tensors()
                 if tensors:
+                    with self._lock:  # the watcher ends the stream (under the lock) if the model is being unloaded
+                        if forwarded_id not in self._open:
+                            continue
                     sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
         except Exception as exc:
             error = _forwarding_error(exc)
-        # Leave the watcher's view before the final response: asking Triton whether a finished request was
-        # cancelled crashes tritonserver 2.51 (ResponseFactoryIsCancelled on a released factory).
         with self._lock:
-            self._open.pop(forwarded_id, None)
+            if self._open.pop(forwarded_id, None) is None:
+                return  # the watcher ended this stream (the model is being unloaded)
+        if error is None and not _target_ready():
+            # The stream ended because tensorrt_llm stopped (unload, server stop, executor failure): its error
+            # response never reaches a BLS caller in Triton 2.51, only the final that follows it.
+            error = pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} is not ready", pb_utils.TritonError.UNAVAILABLE)
         if error is not None:
             sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
         else:
@@ -90,8 +97,25 @@ class TritonPythonModel:
                 cancelled &= set(self._open)
             for forwarded_id in newly:
                 _send_stop(forwarded_id)
+            if not _ready(self._name):
+                self._end_open_streams()
             with self._lock:
                 self._lock.wait(CANCEL_CHECK_S)
+
+    def _end_open_streams(self) -> None:
+        # Triton unloads this model (and a stopping server exits) only once every client request has had its
+        # final response; end them here instead of waiting for each forwarded request to come back.
+        with self._lock:
+            requests = list(self._open.values())
+            self._open.clear()
+        for request in requests:
+            try:
+                request.get_response_sender().send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "UNAVAILABLE: model is shutting down", pb_utils.TritonError.UNAVAILABLE)), flags=_FINAL)
+            except Exception:
+                log.debug("could not end a stream", exc_info=True)
+        if requests:
+            log.warning("model is being unloaded: ended %d forwarded streams", len(requests))
 
     def is_ready(self) -> bool:
         """Readiness for servers that ask (26.03+): ready while the model it forwards to is."""
@@ -118,8 +142,19 @@ def _send_stop(forwarded_id: str) -> None:
         log.warning("could not forward a cancellation", exc_info=True)
 
 
+def _target_ready() -> bool:
+    return _ready(TARGET_MODEL)
+
+
+def _ready(model: str) -> bool:
+    try:
+        return pb_utils.is_model_ready(model)
+    except Exception:
+        return False  # a stopping server answers "Server not ready"
+
+
 def _forwarding_error(exc: Exception):
-    if not pb_utils.is_model_ready(TARGET_MODEL):
+    if not _target_ready():
         # The executor failed and tensorrt_llm unloaded itself: the same answer its own clients get.
         return pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} is not ready", pb_utils.TritonError.UNAVAILABLE)
     log.exception("forwarding to %s failed", TARGET_MODEL)

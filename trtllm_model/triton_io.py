@@ -9,6 +9,8 @@ import triton_python_backend_utils as pb_utils
 from .request_context import ErrorCode
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# Request ids the `ensemble` model gives the requests it forwards here (see send_error).
+FORWARDED_ID_PREFIX = "ensemble-"
 
 
 def triton_error(code: ErrorCode, message: str):
@@ -45,7 +47,14 @@ class TritonStream:
         self._sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
 
     def send_error(self, code: ErrorCode, message: str) -> None:
-        self._sender.send(pb_utils.InferenceResponse(error=triton_error(code, message)), flags=_FINAL)
+        response = pb_utils.InferenceResponse(error=triton_error(code, message))
+        if self._request.request_id().startswith(FORWARDED_ID_PREFIX):
+            # A BLS caller (the `ensemble` model) never receives an error response that follows earlier responses
+            # (Triton 2.51's Python backend loses it, and the caller's iterator then waits forever, which holds
+            # the server's stop until its exit timeout). A flag-only final arrives; the caller tells why.
+            self._sender.send(flags=_FINAL)
+            return
+        self._sender.send(response, flags=_FINAL)
 
     def is_cancelled(self) -> bool:
         return self._request.is_cancelled()
