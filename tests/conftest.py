@@ -95,10 +95,12 @@ def start_server(
     expect_ready: bool = True,
     server_args: list[str] | None = None,
     cwd: Path | None = None,
+    new_session: bool = False,
 ) -> Server:
     """Start `trtllm-triton serve` on free ports; returns once every model is ready (or raises with the log).
 
-    `server_args` go to tritonserver itself (after `--`); `cwd` is the server's working directory."""
+    `server_args` go to tritonserver itself (after `--`); `cwd` is the server's working directory; `new_session`
+    starts it in its own process group, as a terminal or systemd would."""
     workdir.mkdir(parents=True, exist_ok=True)
     if repository is None:
         repository = write_repository(workdir / "repository", parameters, models, config_edits)
@@ -116,7 +118,8 @@ def start_server(
     environment = dict(os.environ)
     environment.update(env or {})
     with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment, cwd=cwd)
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment, cwd=cwd,
+                                   start_new_session=new_session)
     server = Server(process, http_port, grpc_port, metrics_port, log_path, repository)
     if not expect_ready:
         return server

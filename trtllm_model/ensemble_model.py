@@ -28,13 +28,42 @@ _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_S = 0.1
 
 
+class _Forward:
+    """A client request being forwarded: one sender, and a lock so that nothing is sent after its final response."""
+
+    __slots__ = ("request", "sender", "lock", "done")
+
+    def __init__(self, request) -> None:
+        self.request = request
+        self.sender = request.get_response_sender()
+        self.lock = threading.Lock()
+        self.done = False
+
+    def send(self, response) -> None:
+        with self.lock:
+            if not self.done:
+                self.sender.send(response)
+
+    def finish(self, error=None) -> bool:
+        """Send the final response (an error if given), unless one was sent already."""
+        with self.lock:
+            if self.done:
+                return False
+            self.done = True
+            if error is not None:
+                self.sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
+            else:
+                self.sender.send(flags=_FINAL)
+            return True
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self._name = args["model_name"]
         self._ids = itertools.count(1)
         self._prefix = f"ensemble-{os.getpid()}-"
         self._lock = threading.Condition()
-        self._open: dict[str, object] = {}  # forwarded id -> client request, for the cancel watcher
+        self._open: dict[str, _Forward] = {}  # forwarded id -> client request, for the watcher
         self._running = True
         self._watcher = threading.Thread(target=self._watch_cancellations, name="ensemble-cancel", daemon=True)
         self._watcher.start()
@@ -42,15 +71,17 @@ class TritonPythonModel:
     def execute(self, requests: list) -> None:
         for request in requests:
             forwarded_id = f"{self._prefix}{next(self._ids)}"
+            forward = _Forward(request)
             with self._lock:
-                self._open[forwarded_id] = request
+                self._open[forwarded_id] = forward
                 self._lock.notify_all()
-            threading.Thread(target=self._forward, args=(request, forwarded_id), daemon=True).start()
+            threading.Thread(target=self._forward, args=(forward, forwarded_id), daemon=True).start()
         return None
 
-    def _forward(self, request, forwarded_id: str) -> None:
-        sender = request.get_response_sender()
+    def _forward(self, forward: _Forward, forwarded_id: str) -> None:
+        request = forward.request
         error = None
+        complete = False  # tensorrt_llm's last response of a finished request carries outputs
         try:
             parameters = json.loads(request.parameters() or "{}")
             inner = pb_utils.InferenceRequest(
@@ -65,24 +96,23 @@ class TritonPythonModel:
                     error = response.error()
                     continue  # a forwarded request's error is not final (see triton_io.TritonStream.send_error)
                 tensors = response.output_tensors()
+                complete = bool(tensors)
                 if tensors:
-                    with self._lock:  # the watcher ends the stream (under the lock) if the model is being unloaded
-                        if forwarded_id not in self._open:
-                            continue
-                    sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+                    forward.send(pb_utils.InferenceResponse(output_tensors=tensors))
         except Exception as exc:
             error = _forwarding_error(exc)
+        # Leave the watcher's view before the final response: asking Triton whether a finished request was
+        # cancelled crashes tritonserver 2.51 (ResponseFactoryIsCancelled on a released factory).
         with self._lock:
             if self._open.pop(forwarded_id, None) is None:
                 return  # the watcher ended this stream (the model is being unloaded)
-        if error is None and not _target_ready():
-            # The stream ended because tensorrt_llm stopped (unload, server stop, executor failure): its error
-            # response never reaches a BLS caller in Triton 2.51, only the final that follows it.
-            error = pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} is not ready", pb_utils.TritonError.UNAVAILABLE)
-        if error is not None:
-            sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
-        else:
-            sender.send(flags=_FINAL)  # the forwarded request's own final response ended the iterator
+        if error is None and not complete:
+            # A flag-only final: tensorrt_llm ended the request with an error (stop, unload, executor failure),
+            # and Triton 2.51 does not pass that error response to a BLS caller (see TritonStream.send_error).
+            # No readiness question here: it can block while the server stops.
+            error = pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} ended the request early",
+                                         pb_utils.TritonError.UNAVAILABLE)
+        forward.finish(error)
 
     def _watch_cancellations(self) -> None:
         cancelled: set[str] = set()
@@ -92,7 +122,7 @@ class TritonPythonModel:
                     self._lock.wait()
                     continue
                 # is_cancelled() under the lock, so that no request is asked about after its final response.
-                newly = [fid for fid, req in self._open.items() if fid not in cancelled and req.is_cancelled()]
+                newly = [fid for fid, f in self._open.items() if fid not in cancelled and f.request.is_cancelled()]
                 cancelled.update(newly)
                 cancelled &= set(self._open)
             for forwarded_id in newly:
@@ -106,16 +136,15 @@ class TritonPythonModel:
         # Triton unloads this model (and a stopping server exits) only once every client request has had its
         # final response; end them here instead of waiting for each forwarded request to come back.
         with self._lock:
-            requests = list(self._open.values())
+            forwards = list(self._open.values())
             self._open.clear()
-        for request in requests:
+        for forward in forwards:
             try:
-                request.get_response_sender().send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    "UNAVAILABLE: model is shutting down", pb_utils.TritonError.UNAVAILABLE)), flags=_FINAL)
+                forward.finish(pb_utils.TritonError("UNAVAILABLE: model is shutting down", pb_utils.TritonError.UNAVAILABLE))
             except Exception:
                 log.debug("could not end a stream", exc_info=True)
-        if requests:
-            log.warning("model is being unloaded: ended %d forwarded streams", len(requests))
+        if forwards:
+            log.warning("model is being unloaded: ended %d forwarded streams", len(forwards))
 
     def is_ready(self) -> bool:
         """Readiness for servers that ask (26.03+): ready while the model it forwards to is."""
@@ -142,10 +171,6 @@ def _send_stop(forwarded_id: str) -> None:
         log.warning("could not forward a cancellation", exc_info=True)
 
 
-def _target_ready() -> bool:
-    return _ready(TARGET_MODEL)
-
-
 def _ready(model: str) -> bool:
     try:
         return pb_utils.is_model_ready(model)
@@ -154,7 +179,7 @@ def _ready(model: str) -> bool:
 
 
 def _forwarding_error(exc: Exception):
-    if not _target_ready():
+    if not _ready(TARGET_MODEL):
         # The executor failed and tensorrt_llm unloaded itself: the same answer its own clients get.
         return pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} is not ready", pb_utils.TritonError.UNAVAILABLE)
     log.exception("forwarding to %s failed", TARGET_MODEL)
