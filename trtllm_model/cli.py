@@ -17,11 +17,15 @@ from .server import (
     DEFAULT_REPOSITORY,
     EXECUTOR_OVERRIDE_ENV,
     ServerOptions,
+    is_ready,
     ports_in_use,
     server_command,
     server_environment,
     wait_until_ready,
 )
+
+# Time for a signal sent to the whole process group to reach tritonserver as well (see stop_gracefully).
+SIGNAL_SETTLE_S = 0.2
 
 
 def serve(options: ServerOptions, ready_timeout_s: float) -> int:
@@ -48,6 +52,12 @@ def serve(options: ServerOptions, ready_timeout_s: float) -> int:
     def stop_gracefully(signum):
         # Unload the models first, while the server is whole: each ends its open streams with a final response.
         # Stopped with streams still sending, tritonserver 2.51 sometimes aborts (boost lock_exception).
+        # But a signal to the whole process group (Ctrl-C, systemd) reached tritonserver too, and it is already
+        # stopping: unload requests racing its own stop can leave both waiting until the exit timeout. So look
+        # first (it answers not ready at once when it stops) and leave a stopping server alone.
+        time.sleep(SIGNAL_SETTLE_S)
+        if not is_ready(connect_host, options.http_port):
+            return
         unload_models(connect_host, options.http_port)
         if process.poll() is None:
             process.send_signal(signum)

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -26,6 +27,7 @@ TEXT_OUTPUTS = ["text_output", "output_log_probs", "cum_log_probs", "finish_reas
                 "num_output_tokens", "sequence_index"]
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_S = 0.1
+FORWARDED_GRACE_S = 2.0
 
 
 class _Forward:
@@ -116,6 +118,7 @@ class TritonPythonModel:
 
     def _watch_cancellations(self) -> None:
         cancelled: set[str] = set()
+        unloading_since = None
         while self._running:
             with self._lock:
                 if not self._open:
@@ -127,7 +130,11 @@ class TritonPythonModel:
                 cancelled &= set(self._open)
             for forwarded_id in newly:
                 _send_stop(forwarded_id)
-            if not _ready(self._name):
+            if unloading_since is None and not _ready(self._name):
+                unloading_since = time.monotonic()
+            # Let tensorrt_llm end the forwarded requests first (it sees the stop too): once this model is gone,
+            # tensorrt_llm's questions about those requests (is_cancelled) can hang in 2.51. End the rest here.
+            if unloading_since is not None and time.monotonic() - unloading_since > FORWARDED_GRACE_S:
                 self._end_open_streams()
             with self._lock:
                 self._lock.wait(CANCEL_CHECK_S)
