@@ -54,11 +54,10 @@ def serve(options: ServerOptions, ready_timeout_s: float) -> int:
         # Stopped with streams still sending, tritonserver 2.51 sometimes aborts (boost lock_exception).
         # But a signal to the whole process group (Ctrl-C, systemd) reached tritonserver too, and it is already
         # stopping: unload requests racing its own stop can leave both waiting until the exit timeout. So look
-        # first (it answers not ready at once when it stops) and leave a stopping server alone.
+        # first (it answers not ready at once when it stops) and only unload a server that is still ready.
         time.sleep(SIGNAL_SETTLE_S)
-        if not is_ready(connect_host, options.http_port):
-            return
-        unload_models(connect_host, options.http_port)
+        if is_ready(connect_host, options.http_port):
+            unload_models(connect_host, options.http_port)
         if process.poll() is None:
             process.send_signal(signum)
 
