@@ -108,6 +108,7 @@ def test_configured_engine_repository_loads_and_streams(tmp_path):
     try:
         result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([3, 4], 6))
         assert result.errors == [] and result.tokens() == fake_tokens([4], 6) and result.finals == 1
+        assert "trtllm-triton: ready. models: tensorrt_llm\n" in server.log()  # --no-ensemble: no ensemble listed
     finally:
         server.stop()
 
@@ -123,5 +124,7 @@ def test_configured_llmapi_repository_with_ensemble_loads_and_streams(tmp_path):
     try:
         result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1000], 5))
         assert result.errors == [] and result.tokens() == fake_tokens([1000], 5) and result.finals == 1
+        assert "trtllm-triton: ready. models: ensemble, tensorrt_llm\n" in server.log()
+        assert "POST /v2/models/ensemble/generate_stream" in server.log()
     finally:
         server.stop()

@@ -55,7 +55,7 @@ def trtllm(monkeypatch):
 
 @pytest.fixture
 def executor(trtllm, tmp_path):
-    created, _ = create_executor({"executor": "trtllm_llmapi", "max_beam_width": "2",
+    created, _ = create_executor({"executor": "trtllm_llmapi", "max_beam_width": "2", "max_batch_size": "8",
                                   "hf_model_path": str(make_checkpoint_dir(tmp_path / "model", vocab_size=5000))})
     yield created
     created.shutdown()
@@ -99,7 +99,7 @@ def test_kv_cache_parameters_reach_the_llm(trtllm, tmp_path):
     created, _ = create_executor({"executor": "trtllm_llmapi", "hf_model_path": str(make_checkpoint_dir(tmp_path)),
                                   "kv_cache_free_gpu_mem_fraction": "0.6"})
     try:
-        assert created._llm.args["kv_cache_config"].free_gpu_memory_fraction == 0.6
+        assert created._llm.args.kv_cache_config.free_gpu_memory_fraction == 0.6
     finally:
         created.shutdown()
 

@@ -55,19 +55,36 @@ def serve(options: ServerOptions, ready_timeout_s: float) -> int:
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
     if wait_until_ready(process, connect_host, options.http_port, ready_timeout_s):
-        print(
-            f"\ntrtllm-triton: ready. models: tensorrt_llm, ensemble\n"
-            f"  HTTP     http://{connect_host}:{options.http_port}  (POST /v2/models/ensemble/generate_stream)\n"
-            f"  gRPC     {connect_host}:{options.grpc_port}\n"
-            f"  metrics  http://{connect_host}:{options.metrics_port}/metrics\n",
-            flush=True,
-        )
+        print(ready_banner(connect_host, options), flush=True)
     elif process.poll() is None:
         print(f"trtllm-triton: server not ready after {ready_timeout_s:.0f} s; stopping it", file=sys.stderr)
         process.terminate()
     else:
         print("trtllm-triton: tritonserver exited before it was ready (see its log above)", file=sys.stderr)
     return process.wait()
+
+
+def loaded_models(host: str, http_port: int) -> list[str]:
+    """Names of the models the server has loaded (READY in its repository index)."""
+    request = urllib.request.Request(f"http://{host}:{http_port}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return [model["name"] for model in json.loads(response.read()) if model.get("state") == "READY"]
+
+
+def ready_banner(host: str, options: ServerOptions) -> str:
+    """What `serve` prints once ready: the models actually loaded and where to reach them."""
+    try:
+        models = loaded_models(host, options.http_port)
+    except (OSError, ValueError) as exc:
+        return f"\ntrtllm-triton: ready (could not list the loaded models: {exc})\n"
+    generate = next((name for name in ("ensemble", "tensorrt_llm") if name in models), None)
+    endpoint = f"  (POST /v2/models/{generate}/generate_stream)" if generate else ""
+    return (
+        f"\ntrtllm-triton: ready. models: {', '.join(models) or '(none)'}\n"
+        f"  HTTP     http://{host}:{options.http_port}{endpoint}\n"
+        f"  gRPC     {host}:{options.grpc_port}\n"
+        f"  metrics  http://{host}:{options.metrics_port}/metrics\n"
+    )
 
 
 def unload_models(host: str, http_port: int, settle_s: float = 5.0) -> None:

@@ -31,6 +31,8 @@ class Limits:
 
     max_input_len: int | None = None
     max_output_len: int | None = None
+    max_seq_len: int | None = None  # prompt + max tokens (the engine's build limit)
+    max_beam_width: int | None = None
     vocab_size: int | None = None
     exclude_input_in_output: bool = False
     apply_chat_template: bool = False
@@ -270,7 +272,12 @@ def parse_request(
     max_tokens = _int(scalars, "max_tokens", minimum=1, maximum=limits.max_output_len)
     if max_tokens is None:
         raise InvalidInput("request_output_len (max_tokens): required")
+    if limits.max_seq_len is not None and len(input_ids) + max_tokens > limits.max_seq_len:
+        raise InvalidInput(f"{_one_value(scalars, 'max_tokens')[0]}={max_tokens}: with the prompt's {len(input_ids)} "
+                           f"tokens that is {len(input_ids) + max_tokens}, over max_seq_len={limits.max_seq_len}")
     beam_width = _int(scalars, "beam_width", minimum=1) or 1
+    if limits.max_beam_width is not None and beam_width > limits.max_beam_width:
+        raise InvalidInput(f"beam_width={beam_width}: over max_beam_width={limits.max_beam_width}")
     end_id = _int(scalars, "end_id", minimum=0)
     pad_id = _int(scalars, "pad_id", minimum=0)
     if text_mode and end_id is None:

@@ -107,6 +107,21 @@ class IterationStats:
     kv_cache: KvCacheStats | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class BuildLimits:
+    """What the engine behind an executor was built (and configured) for; None where it has no fixed limit.
+
+    The model refuses a request past these before enqueue, and a config.pbtxt limit larger than them at load.
+    `source` says where they were read, for error messages (e.g. the engine's config.json).
+    """
+
+    max_input_len: int | None = None
+    max_seq_len: int | None = None  # prompt + generated tokens
+    max_beam_width: int | None = None
+    max_batch_size: int | None = None
+    source: str = "the engine"
+
+
 class Tokenizer(Protocol):
     """What the text interface needs from a tokenizer (a Hugging Face tokenizer satisfies it)."""
 
@@ -137,6 +152,8 @@ class Executor(ABC):
 
     # Token ids at or above this are refused at the edge (None: the engine checks, or has no fixed vocabulary).
     vocab_size: int | None = None
+    # Limits the engine was built for (all None: the executor checks its own, or has none).
+    build_limits: BuildLimits = BuildLimits()
 
     @abstractmethod
     def enqueue(self, request: GenerationRequest) -> int:

@@ -14,6 +14,7 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
+from .build_limits import request_limits
 from .conversion import InvalidInput, Limits, parameters_dict, parse_request
 from .executors import create_executor
 from .executors.synthetic import SyntheticExecutor
@@ -41,8 +42,7 @@ class TritonPythonModel:
         self.tokenizer = self.executor.tokenizer()
         self.chat_template = self._chat_template()
         self.limits = Limits(
-            max_input_len=params.int("max_input_len", minimum=1),
-            max_output_len=params.int("max_output_len", minimum=1),
+            **request_limits(params, self.executor.build_limits),
             vocab_size=self.executor.vocab_size,
             exclude_input_in_output=params.bool("exclude_input_in_output", False),
             apply_chat_template=params.bool("apply_chat_template", False),

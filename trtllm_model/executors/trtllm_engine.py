@@ -13,12 +13,15 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..build_limits import check_within_build
 from ..executor_interface import (
+    BuildLimits,
     Executor,
     ExecutorError,
     GenerationRequest,
@@ -81,20 +84,62 @@ def engine_dir_from(params: Params) -> Path:
     if not config.is_file() or not os.access(config, os.R_OK):
         raise ConfigError(f"parameter gpt_model_path={value}: no readable config.json, so not a TensorRT-LLM engine "
                           "directory; point it at trtllm-build's --output_dir (check the mount and file permissions)")
-    engines = sorted(path.glob("rank*.engine"))
+    # rank<r>.engine from trtllm-build; <name>_<precision>_tp<n>[_pp<n>]_rank<r>.engine from the older builder.
+    engines = sorted(path.glob("*rank[0-9]*.engine"))
     if not engines or not all(os.access(engine, os.R_OK) for engine in engines):
         raise ConfigError(f"parameter gpt_model_path={value}: no readable rank*.engine file; run trtllm-build "
                           "and check the mount and file permissions")
     return path
 
 
-def engine_vocab_size(engine_dir: Path) -> int | None:
-    """vocab_size from the engine's config.json (trtllm-build writes it under pretrained_config)."""
+def _engine_config(engine_dir: Path) -> tuple[dict, dict, str]:
+    """(config.json, its build section, the section's name). As TensorRT-LLM's own parser: a top-level
+    "version" (trtllm-build) means "build_config" with the model under "pretrained_config"; none means the
+    older builder's "builder_config", which holds the model fields too."""
+    path = engine_dir / "config.json"
     try:
-        config = json.loads((engine_dir / "config.json").read_text())
-        return int(config["pretrained_config"]["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"parameter gpt_model_path={engine_dir}: cannot read {path} as JSON ({exc})") from exc
+    section = "build_config" if "version" in config else "builder_config"
+    build = config.get(section) if isinstance(config, dict) else None
+    if not isinstance(build, dict):
+        raise ConfigError(f"parameter gpt_model_path={engine_dir}: {path} has no {section!r} section, so it is "
+                          "not a TensorRT-LLM engine config; rebuild the engine with trtllm-build")
+    return config, build, section
+
+
+def _positive(section: dict, key: str) -> int | None:
+    """A limit from the config; missing or 0 (TensorRT-LLM's "not set") is None."""
+    try:
+        value = int(section.get(key) or 0)
+    except (TypeError, ValueError):
         return None
+    return value if value > 0 else None
+
+
+def engine_build_limits(engine_dir: Path) -> BuildLimits:
+    """max_input_len, max_seq_len, max_beam_width and max_batch_size the engine was built with."""
+    _, build, section = _engine_config(engine_dir)
+    max_input_len = _positive(build, "max_input_len")
+    max_seq_len = _positive(build, "max_seq_len")
+    output_len = _positive(build, "max_output_len")  # builders before max_seq_len: input + output
+    if max_seq_len is None and max_input_len is not None and output_len is not None:
+        max_seq_len = max_input_len + output_len
+    return BuildLimits(
+        max_input_len=max_input_len,
+        max_seq_len=max_seq_len,
+        max_beam_width=_positive(build, "max_beam_width"),
+        max_batch_size=_positive(build, "max_batch_size"),
+        source=f"the engine in {engine_dir} ({section} in config.json)",
+    )
+
+
+def engine_vocab_size(engine_dir: Path) -> int | None:
+    """vocab_size from the engine's config.json (pretrained_config, or builder_config in older engines)."""
+    config, build, section = _engine_config(engine_dir)
+    model = config.get("pretrained_config", {}) if section == "build_config" else build
+    return _positive(model, "vocab_size")
 
 
 def orchestrator_worker_path(params: Params) -> str | None:
@@ -227,6 +272,8 @@ def create(params: Params) -> TrtllmEngineExecutor:
         raise ConfigError("parameter encoder_model_path: encoder-decoder engines are not supported by "
                           "executor=trtllm_engine; unset it")
     engine_dir = engine_dir_from(params)
+    build = engine_build_limits(engine_dir)
+    check_within_build(params, build)  # before the (slow) engine load
     worker_path = orchestrator_worker_path(params)
     ignored = ignored_parameters(params)
     if ignored:
@@ -244,6 +291,10 @@ def create(params: Params) -> TrtllmEngineExecutor:
         ) from exc
     executor = TrtllmEngineExecutor(tle, engine, tokenizer)
     executor.vocab_size = engine_vocab_size(engine_dir)
+    # The executor serves at most the beam width it was configured with (ExecutorConfig's default is 1).
+    beam_width = min(filter(None, (build.max_beam_width, config.max_beam_width)), default=None)
+    executor.build_limits = replace(build, max_beam_width=beam_width,
+                                    max_batch_size=config.max_batch_size or build.max_batch_size)
     if not executor.is_leader:
         log.info("this rank is a TensorRT-LLM worker in leader mode: it serves no requests")
     return executor

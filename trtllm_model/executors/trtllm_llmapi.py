@@ -11,12 +11,14 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..executor_interface import (
+    BuildLimits,
     Executor,
     ExecutorError,
     FinishReason,
@@ -225,12 +227,51 @@ def create(params: Params) -> LlmApiExecutor:
             "tensor_parallel_size does not exceed the GPUs available"
         ) from exc
     executor = LlmApiExecutor(llm, tensorrt_llm.SamplingParams)
-    executor.vocab_size = checkpoint_vocab_size(checkpoint)
+    config = checkpoint_config(checkpoint)
+    executor.vocab_size = checkpoint_vocab_size(config)
+    executor.build_limits = llm_build_limits(llm.args, config, checkpoint)
     return executor
 
 
-def checkpoint_vocab_size(checkpoint: Path) -> int | None:
+def checkpoint_config(checkpoint: Path) -> dict:
     try:
-        return int(json.loads((checkpoint / "config.json").read_text())["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
+        config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"parameter hf_model_path={checkpoint}: cannot read config.json ({exc})") from exc
+    return config if isinstance(config, dict) else {}
+
+
+def checkpoint_vocab_size(config: dict) -> int | None:
+    try:
+        return int(config["vocab_size"])
+    except (KeyError, TypeError, ValueError):
         return None
+
+
+def checkpoint_max_seq_len(config: dict) -> int:
+    """The sequence length the PyTorch backend infers from a checkpoint (as its model engine does): the
+    max_position_embeddings (2048 if absent), times the rope scaling factor for linear-style rope types."""
+    length = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    length = int(length or 2048)
+    rope = config.get("rope_scaling") or {}
+    if rope.get("type", rope.get("rope_type")) not in ("su", "longrope", "llama3", "yarn"):
+        length = math.ceil(length * float(rope.get("factor", 1.0)))
+    return length
+
+
+def llm_build_limits(args: Any, config: dict, checkpoint: Path) -> BuildLimits:
+    """What the LLM serves, from its resolved arguments (`LLM.args`) and the checkpoint.
+
+    max_seq_len: `max_seq_len` when given, never above what the checkpoint supports. A prompt over
+    `max_num_tokens` is refused unless chunked prefill is on (LLM.generate_async's check on the PyTorch backend).
+    """
+    inferred = checkpoint_max_seq_len(config)
+    asked = getattr(args, "max_seq_len", None)
+    chunked = bool(getattr(args, "enable_chunked_prefill", False))
+    return BuildLimits(
+        max_input_len=None if chunked else getattr(args, "max_num_tokens", None),
+        max_seq_len=min(asked, inferred) if asked else inferred,
+        max_beam_width=getattr(args, "max_beam_width", None) or 1,
+        max_batch_size=getattr(args, "max_batch_size", None),
+        source=f"the LLM over {checkpoint} (max_position_embeddings, LLM arguments)",
+    )

@@ -3,7 +3,10 @@
 Strict where the real binding is: keyword-only arguments passed positionally and unknown keywords raise
 TypeError; `Response.has_error()` is a method and `error_msg`/`result` raise in the other case; in
 `await_responses` an `int` selects the request-id overload and a timeout must be a timedelta or float.
-An engine directory needs `config.json` and `rank<r>.engine` (r from OMPI_COMM_WORLD_RANK, default 0).
+An engine directory needs `config.json` and its engine file (r from OMPI_COMM_WORLD_RANK, default 0): with a
+"version", `build_config` holds the limits and `rank<r>.engine` the engine; without, the older `builder_config`
+and `<name>_<precision>_tp<n>_rank<r>.engine`. As the real executor, a prompt over max_input_len fails, and
+max_tokens is cut to what max_seq_len leaves.
 FAKE_TRTLLM_WORLD_SIZE > 1 makes ranks other than 0 workers: `can_enqueue_requests()` is False there.
 """
 
@@ -443,17 +446,27 @@ class Executor:
         if not config_path.is_file():
             raise RuntimeError(f"[TensorRT-LLM][ERROR] Assertion failed: Failed to open {config_path}")
         config = json.loads(config_path.read_text())
-        if not (engine_dir / f"rank{_rank()}.engine").is_file():
-            raise RuntimeError(f"[TensorRT-LLM][ERROR] Failed to open engine file {engine_dir}/rank{_rank()}.engine")
+        # As TensorRT-LLM's GptJsonConfig: a "version" means trtllm-build's layout (build_config, pretrained_config,
+        # rank<r>.engine); none means the older builder's (builder_config, <name>_<precision>_tp<n>_rank<r>.engine).
+        if "version" in config:
+            build, model = config["build_config"], config["pretrained_config"]
+            engine_name = f"rank{_rank()}.engine"
+        else:
+            build = model = config["builder_config"]
+            pp = int(build.get("pipeline_parallel", 1))
+            engine_name = (f"{build['name']}_{build['precision']}_tp{build['tensor_parallel']}"
+                           f"{f'_pp{pp}' if pp > 1 else ''}_rank{_rank()}.engine")
+        if not (engine_dir / engine_name).is_file():
+            raise RuntimeError(f"[TensorRT-LLM][ERROR] Failed to open engine file {engine_dir}/{engine_name}")
         parallel = executor_config.parallel_config
         if parallel is not None and parallel.communication_mode == CommunicationMode.ORCHESTRATOR:
             orchestrator = parallel.orchestrator_config
             if orchestrator is None or not Path(orchestrator.worker_executable_path).is_file():
                 raise RuntimeError("[TensorRT-LLM][ERROR] orchestrator mode needs an existing worker executable")
-        build = config.get("build_config", {})
-        self.vocab_size = int(config.get("pretrained_config", {}).get("vocab_size", 32000))
-        self.max_input_len = int(build.get("max_input_len", 1024))
-        self.max_seq_len = int(build.get("max_seq_len", 2048))
+        self.vocab_size = int(model["vocab_size"])
+        self.max_input_len = int(build.get("max_input_len", 0))
+        # Builders before max_seq_len wrote max_output_len; the sequence is then input + output (as GptJsonConfig did).
+        self.max_seq_len = int(build.get("max_seq_len") or self.max_input_len + int(build.get("max_output_len", 0)))
         self.max_beam_width = min(int(build.get("max_beam_width", 1)), executor_config.max_beam_width)
         self.config = executor_config
         self.model_path = engine_dir
@@ -514,13 +527,16 @@ class Executor:
                 error = f"[TensorRT-LLM][ERROR] embedding_bias has {len(bias)} entries, vocab size is {self.vocab_size}"
             elif max(bias) > 0:
                 forced = bias.index(max(bias))
+        max_tokens = request.max_tokens
+        if len(request.input_token_ids) + max_tokens > self.max_seq_len:
+            max_tokens = self.max_seq_len - len(request.input_token_ids)  # the engine cuts it, with a warning
         allotted = request.allotted_time_ms
         if allotted is not None:
             allotted = allotted.total_seconds() * 1000 if isinstance(allotted, timedelta) else allotted * 1000
         return Job(
             job_id=request_id,
             prompt=list(request.input_token_ids),
-            max_tokens=request.max_tokens,
+            max_tokens=max_tokens,
             beam_width=sampling.beam_width,
             num_sequences=request.num_return_sequences if sampling.beam_width == 1 else 1,
             end_id=request.end_id,
