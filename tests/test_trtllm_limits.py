@@ -165,6 +165,12 @@ def test_llmapi_limits_come_from_the_checkpoint_and_the_llm_arguments(fake, tmp_
         chunked.shutdown()
 
 
+def test_llmapi_config_value_over_the_checkpoint_fails_the_load_naming_both(fake, tmp_path):
+    checkpoint = str(make_checkpoint_dir(tmp_path / "m", max_position_embeddings=512))
+    with pytest.raises(ConfigError, match="max_output_len=4096 is larger than max_seq_len=512, what the LLM over"):
+        create_executor({"executor": "trtllm_llmapi", "hf_model_path": checkpoint, "max_output_len": "4096"})
+
+
 @pytest.mark.parametrize(("config", "expected"), [
     ({"max_position_embeddings": 4096}, 4096),
     ({}, 2048),  # the PyTorch backend's fallback when the checkpoint does not say

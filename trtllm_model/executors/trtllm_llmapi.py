@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..build_limits import check_within_build
 from ..executor_interface import (
     BuildLimits,
     Executor,
@@ -213,6 +214,7 @@ def create(params: Params) -> LlmApiExecutor:
     ignored = ignored_parameters(params)
     if ignored:
         log.warning("executor=trtllm_llmapi ignores these set parameters: %s", ", ".join(ignored))
+    config = checkpoint_config(checkpoint)
     tensorrt_llm = import_tensorrt_llm("tensorrt_llm", "trtllm_llmapi")
     kv_kwargs = kv_cache_kwargs(params)
     if kv_kwargs:
@@ -226,10 +228,15 @@ def create(params: Params) -> LlmApiExecutor:
             "that the checkpoint is complete and of an architecture TensorRT-LLM supports, and that "
             "tensor_parallel_size does not exceed the GPUs available"
         ) from exc
+    limits = llm_build_limits(llm.args, config, checkpoint)
+    try:
+        check_within_build(params, limits)  # the LLM resolves its defaults (max_num_tokens, ...) only when built
+    except ConfigError:
+        llm.shutdown()
+        raise
     executor = LlmApiExecutor(llm, tensorrt_llm.SamplingParams)
-    config = checkpoint_config(checkpoint)
     executor.vocab_size = checkpoint_vocab_size(config)
-    executor.build_limits = llm_build_limits(llm.args, config, checkpoint)
+    executor.build_limits = limits
     return executor
 
 
