@@ -188,7 +188,7 @@ BAD_REQUESTS = [
     ("negative token id", "tensorrt_llm", ids_and_len([-1]), None, ["input_ids", "-1"]),
     ("negative temperature", "tensorrt_llm", ids_and_len() + [tensor("temperature", -1.0, F32)], None, ["temperature"]),
     ("NaN temperature", "tensorrt_llm", ids_and_len() + [tensor("temperature", np.nan, F32)], None, ["temperature"]),
-    ("top_p zero", "tensorrt_llm", ids_and_len() + [tensor("runtime_top_p", 0.0, F32)], None, ["runtime_top_p"]),
+    ("draft tokens", "tensorrt_llm", ids_and_len() + [tensor("draft_input_ids", [[1, 2]], I32)], None, ["draft_input_ids"]),
     ("top_p over one", "tensorrt_llm", ids_and_len() + [tensor("runtime_top_p", 1.5, F32)], None, ["runtime_top_p"]),
     ("negative top_k", "tensorrt_llm", ids_and_len() + [tensor("runtime_top_k", -2, I32)], None, ["runtime_top_k"]),
     ("infinite penalty", "tensorrt_llm", ids_and_len() + [tensor("presence_penalty", np.inf, F32)], None, ["presence_penalty"]),

@@ -33,11 +33,12 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
-        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
-            raise pb_utils.TritonModelException("tensorrt_llm must use model_transaction_policy { decoupled: true }")
-        self.executor, params = create_executor(
-            parameters_from_model_config(model_config), os.environ.get(EXECUTOR_OVERRIDE_ENV) or None
-        )
+        # Decoupled (streaming) or not (`decoupled: false`: unary gRPC ModelInfer and HTTP infer work, streaming is
+        # refused). Either way responses go through the request's response sender from the poller: a non-decoupled
+        # Python model may send its one response, with the FINAL flag, that way instead of returning it.
+        decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
+        override = os.environ.get(EXECUTOR_OVERRIDE_ENV) or None
+        self.executor, params = create_executor(parameters_from_model_config(model_config), override)
         self.tokenizer = self.executor.tokenizer()
         self.chat_template = self._chat_template()
         self.limits = Limits(
@@ -47,6 +48,9 @@ class TritonPythonModel:
             exclude_input_in_output=params.bool("exclude_input_in_output", False),
             apply_chat_template=params.bool("apply_chat_template", False),
             accepted_parameters=SYNTHETIC_FAULT_PARAMETERS if isinstance(self.executor, SyntheticExecutor) else frozenset(),
+            optional_inputs=self.executor.optional_inputs,
+            decoupled=decoupled,
+            executor_name=override or params.str("executor", "transformers"),
         )
         self.metrics = MetricsReporter(
             TritonMetricBackend(),

@@ -47,6 +47,11 @@ class RequestContext:
     cum_log_prob: float | None = None
     num_output_tokens: int = 0
     finish_reason: str | None = None
+    # Requested logits, kept for the final response of a non-streaming request.
+    context_logits: object | None = None
+    generation_logits: list = field(default_factory=list)
+    # KV-cache block counts for return_perf_metrics (the executor's latest; None where it counts none).
+    kv_cache_blocks: dict[str, int] = field(default_factory=dict)
     cancel_requested: bool = False
     # Poller state, under the poller's work lock: steps and failures not yet delivered, and whether the request
     # is in the ready queue or being delivered (then it is not queued again).
