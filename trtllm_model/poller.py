@@ -123,12 +123,15 @@ class Poller:
         return None
 
     def _stop_by_triton_id(self, ctx: RequestContext) -> None:
-        with self._lock:
-            target = self._by_triton_id.get(ctx.triton_request_id) if ctx.triton_request_id else None
-        if target is None:
-            self._send_error_now(ctx, ErrorCode.INVALID_ARG, f"stop: no request in flight with id {ctx.triton_request_id!r}")
+        if not ctx.triton_request_id:
+            self._send_error_now(ctx, ErrorCode.INVALID_ARG, "stop: needs the request id of the request to cancel")
             return
-        self._cancel(target)
+        with self._lock:
+            target = self._by_triton_id.get(ctx.triton_request_id)
+        # An id no longer in flight (the request just ended) is no error, as in NVIDIA's model: a client that
+        # stops after a delay must not fail because generation was quicker.
+        if target is not None:
+            self._cancel(target)
         try:
             ctx.stream.send({}, final=True)  # an empty response, as NVIDIA's: every client sees its end
         except Exception:
