@@ -356,6 +356,7 @@ def parse_request(
         allotted_time_ms=_int(scalars, "allotted_time_ms", minimum=1),
         return_context_logits=_bool(scalars, "return_context_logits"),
         return_generation_logits=_bool(scalars, "return_generation_logits"),
+        return_perf_metrics=_bool(scalars, "return_perf_metrics"),
         lora_task_id=lora_task_id,
         lora_weights=lora_weights,
         lora_config=lora_config,
@@ -490,7 +491,7 @@ class ResponseContent:
     num_output_tokens: int = 0
     sequence_index: int = 0
     context_logits: np.ndarray | None = None  # [prompt tokens, vocab]
-    generation_logits: list[np.ndarray] | None = None  # one [tokens, vocab] per beam
+    generation_logits: np.ndarray | None = None  # [beams, tokens, vocab]
     perf: dict[str, float] | None = None  # PERF_OUTPUTS name -> value
 
 
@@ -530,7 +531,7 @@ def response_outputs(parsed: ParsedRequest, content: ResponseContent) -> dict[st
     if parsed.generation.return_context_logits and content.context_logits is not None:
         outputs["context_logits"] = np.asarray(content.context_logits, np.float32)[None]
     if parsed.generation.return_generation_logits and content.generation_logits is not None:
-        outputs["generation_logits"] = np.stack([np.asarray(g, np.float32) for g in content.generation_logits])[None]
+        outputs["generation_logits"] = np.asarray(content.generation_logits, np.float32)[None]
     if parsed.return_finish_reason and content.finish_reason is not None:
         outputs["finish_reason"] = np.array([[content.finish_reason.encode()]], dtype=np.object_)
     if parsed.return_num_input_tokens:

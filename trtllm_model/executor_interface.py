@@ -60,6 +60,7 @@ class GenerationRequest:
     # Optional NVIDIA inputs; the edge refuses those the executor does not honour (Executor.optional_inputs).
     return_context_logits: bool = False
     return_generation_logits: bool = False
+    return_perf_metrics: bool = False
     lora_task_id: int | None = None
     lora_weights: object | None = None  # numpy array [layers x modules, size] as NVIDIA's `lora_weights`
     lora_config: object | None = None  # numpy int32 array [layers x modules, 3] as NVIDIA's `lora_config`
@@ -86,7 +87,8 @@ class Step:
     # beam_width > 1 with log probs: each beam's log probs in full so far (log_probs is then unused).
     beam_log_probs: list[list[float]] | None = None
     beam_cum_log_probs: list[float] | None = None
-    # Requested logits (numpy float32): context [prompt_len, vocab] once; generation [tokens, vocab] of this step.
+    # Requested logits (numpy float32): context [prompt tokens, vocab] once; generation [beams, tokens, vocab] of the
+    # tokens this step carries.
     context_logits: object | None = None
     generation_logits: object | None = None
     # KV-cache block counts for `return_perf_metrics`, where the engine counts them.

@@ -374,7 +374,7 @@ class Poller:
             num_output_tokens=ctx.num_output_tokens,
             sequence_index=last.sequence_index,
             context_logits=ctx.context_logits,
-            generation_logits=[_concat_logits(generation_logits)] if generation_logits else None,
+            generation_logits=_concat_logits(generation_logits) if generation_logits else None,
             perf=self._perf(ctx) if ctx.parsed.return_perf_metrics else None,
         )
         if ctx.parsed.generation.streaming:
@@ -488,5 +488,5 @@ def _is_send_error(exc: Exception) -> bool:
 
 
 def _concat_logits(parts: list):
-    """Per-step [tokens, vocab] logits -> one [tokens, vocab] array."""
-    return parts[0] if len(parts) == 1 else np.concatenate([np.asarray(part) for part in parts])
+    """Per-step [beams, tokens, vocab] logits -> one [beams, tokens, vocab] array."""
+    return parts[0] if len(parts) == 1 else np.concatenate([np.asarray(part) for part in parts], axis=1)

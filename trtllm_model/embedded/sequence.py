@@ -33,6 +33,9 @@ class Sequence:
     finish_reason: FinishReason = FinishReason.NOT_FINISHED
     output_counts: dict[int, int] = field(default_factory=dict)
     cum_log_prob: float = 0.0
+    # NVIDIA's return_context_logits / return_generation_logits: raw model logits, before any sampling step.
+    want_context_logits: bool = False
+    want_generation_logits: bool = False
 
     @classmethod
     def from_request(
@@ -58,6 +61,8 @@ class Sequence:
             stop_words=[list(word) for word in request.stop_words if word],
             sampling=sampling,
             generator=generator,
+            want_context_logits=request.return_context_logits,
+            want_generation_logits=request.return_generation_logits,
             deadline=deadline,
             token_ids=list(request.input_ids),
         )

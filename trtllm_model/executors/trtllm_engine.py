@@ -129,6 +129,9 @@ def load_tokenizer(params: Params) -> Tokenizer | None:
 
 
 class TrtllmEngineExecutor(Executor):
+    # Guided decoding needs the executor built with a GuidedDecodingConfig (xgrammar tokenizer info): not yet.
+    optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "lora"})
+
     def __init__(self, tle: ModuleType, engine: Any, tokenizer: Tokenizer | None = None) -> None:
         self._tle = tle
         self._engine = engine
@@ -137,6 +140,7 @@ class TrtllmEngineExecutor(Executor):
         self._dead: str | None = None
         self._closed = False
         self._shutdown_lock = threading.Lock()
+        self._streaming_logits: set[int] = set()  # streaming requests that asked for generation logits
 
     @property
     def is_leader(self) -> bool:
@@ -151,7 +155,10 @@ class TrtllmEngineExecutor(Executor):
         except (TypeError, ValueError, RuntimeError) as exc:
             raise RequestRejected(f"TensorRT-LLM rejected the request: {exc}") from exc
         try:
-            return self._engine.enqueue_request(trt_request)
+            request_id = self._engine.enqueue_request(trt_request)
+            if request.streaming and request.return_generation_logits:
+                self._streaming_logits.add(request_id)
+            return request_id
         except Exception as exc:
             self._raise_if_unusable()
             if self.health_error():
@@ -179,7 +186,11 @@ class TrtllmEngineExecutor(Executor):
                 return []
             self._dead = f"TensorRT-LLM executor failed: {exc}"
             raise ExecutorError(self._dead) from exc
-        return [step_from_response(response) for response in responses]
+        steps = [step_from_response(r, r.request_id in self._streaming_logits) for r in responses]
+        for step in steps:
+            if step.is_final:
+                self._streaming_logits.discard(step.request_id)
+        return steps
 
     def cancel(self, request_id: int) -> None:
         if self._closed or not self._is_leader:

@@ -139,6 +139,20 @@ def sampling_config(tle: ModuleType, request: GenerationRequest) -> Any:
     )
 
 
+def lora_config(tle: ModuleType, request: GenerationRequest) -> Any | None:
+    """NVIDIA's lora_task_id / lora_weights / lora_config -> tle.LoraConfig (weights and config as torch tensors;
+    a task id alone uses the adapter the engine's LoRA cache already holds)."""
+    if request.lora_task_id is None:
+        return None
+    import torch  # tensorrt_llm depends on torch; the binding takes the adapter as tensors
+
+    tensors = {}
+    if request.lora_weights is not None:
+        tensors["weights"] = torch.from_numpy(request.lora_weights)
+        tensors["config"] = torch.from_numpy(request.lora_config.astype("int32"))
+    return tle.LoraConfig(request.lora_task_id, **tensors)
+
+
 def to_trt_request(tle: ModuleType, request: GenerationRequest, embedding_bias: Any = None) -> Any:
     """GenerationRequest -> tle.Request; `embedding_bias` is the request's bias already as a torch tensor."""
     stop_words = [list(word) for word in request.stop_words if word]
@@ -149,7 +163,13 @@ def to_trt_request(tle: ModuleType, request: GenerationRequest, embedding_bias: 
         streaming=request.streaming,
         sampling_config=sampling_config(tle, request),
         # Steps carry generated tokens only; the poller prepends the prompt when exclude_input_in_output is false.
-        output_config=tle.OutputConfig(return_log_probs=request.return_log_probs, exclude_input_from_output=True),
+        output_config=tle.OutputConfig(
+            return_log_probs=request.return_log_probs,
+            return_context_logits=request.return_context_logits,
+            return_generation_logits=request.return_generation_logits,
+            exclude_input_from_output=True,
+            return_perf_metrics=request.return_perf_metrics,
+        ),
         **_set_only(
             end_id=request.end_id,
             pad_id=request.pad_id,
@@ -158,6 +178,7 @@ def to_trt_request(tle: ModuleType, request: GenerationRequest, embedding_bias: 
             embedding_bias=embedding_bias,
             num_return_sequences=request.num_return_sequences if request.num_return_sequences > 1 else None,
             allotted_time_ms=timedelta(milliseconds=request.allotted_time_ms) if request.allotted_time_ms else None,
+            lora_config=lora_config(tle, request),
         ),
     )
 
@@ -166,8 +187,11 @@ def finish_reason(trt_reason: Any) -> FinishReason:
     return FINISH_REASONS.get(getattr(trt_reason, "name", str(trt_reason)), FinishReason.NOT_FINISHED)
 
 
-def step_from_response(response: Any) -> Step:
-    """One tle.Response -> one Step. With beam_width > 1 the engine sends every beam in full: Step.beams."""
+def step_from_response(response: Any, streaming: bool = False) -> Step:
+    """One tle.Response -> one Step. With beam_width > 1 the engine sends every beam in full: Step.beams.
+
+    `streaming`: how the request was sent; TensorRT-LLM lays generation logits out [tokens, beams, vocab] when
+    streaming, [beams, tokens, vocab] otherwise."""
     if response.has_error():
         return Step(response.request_id, is_final=True, finish_reason=FinishReason.ERROR, error=response.error_msg)
     result = response.result
@@ -186,9 +210,32 @@ def step_from_response(response: Any) -> Step:
         step.token_ids = beams[0]
     if result.log_probs and len(beams) == 1:
         step.log_probs = list(result.log_probs[0])
+    elif result.log_probs:
+        step.beam_log_probs = [list(beam) for beam in result.log_probs]
+        step.beam_cum_log_probs = [float(c) for c in result.cum_log_probs or []]
     if result.cum_log_probs:
         step.cum_log_prob = float(result.cum_log_probs[0])
+    if result.context_logits is not None:
+        step.context_logits = _numpy(result.context_logits)
+    if result.generation_logits is not None:
+        logits = _numpy(result.generation_logits)
+        step.generation_logits = logits.transpose(1, 0, 2) if streaming else logits
+    perf = result.request_perf_metrics
+    if perf is not None:
+        kv = perf.kv_cache_metrics
+        step.kv_cache_alloc_new_blocks = int(kv.num_new_allocated_blocks)
+        step.kv_cache_reused_blocks = int(kv.num_reused_blocks)
+        step.kv_cache_alloc_total_blocks = int(kv.num_total_allocated_blocks)
     return step
+
+
+def _numpy(tensor: Any) -> Any:
+    """A torch tensor (any device and float type) from TensorRT-LLM -> float32 numpy."""
+    import numpy as np
+
+    if hasattr(tensor, "detach"):
+        tensor = tensor.detach().to("cpu").float().numpy()
+    return np.asarray(tensor, dtype=np.float32)
 
 
 def stats_timestamp(text: str) -> float:

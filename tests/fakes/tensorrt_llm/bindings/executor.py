@@ -267,6 +267,44 @@ class OutputConfig:
         self.return_perf_metrics = return_perf_metrics
 
 
+class LoraConfig:
+    def __init__(self, task_id: int, weights=None, config=None) -> None:
+        _check_type("task_id", task_id, int)
+        for name, tensor in (("weights", weights), ("config", config)):
+            if tensor is not None and not hasattr(tensor, "dim"):
+                raise TypeError(f"incompatible function arguments: {name} must be a torch.Tensor")
+        self.task_id = task_id
+        self.weights = weights
+        self.config = config
+
+
+class GuidedDecodingParams:
+    class GuideType(enum.Enum):
+        JSON = 0
+        JSON_SCHEMA = 1
+        REGEX = 2
+        EBNF_GRAMMAR = 3
+        STRUCTURAL_TAG = 4
+
+    def __init__(self, guide_type: GuideType, guide: str | None = None) -> None:
+        _check_type("guide_type", guide_type, GuidedDecodingParams.GuideType)
+        self.guide_type = guide_type
+        self.guide = guide
+
+
+class KvCacheMetrics:
+    def __init__(self, num_total_allocated_blocks: int, num_new_allocated_blocks: int, num_reused_blocks: int) -> None:
+        self.num_total_allocated_blocks = num_total_allocated_blocks
+        self.num_new_allocated_blocks = num_new_allocated_blocks
+        self.num_reused_blocks = num_reused_blocks
+        self.num_missed_blocks = num_new_allocated_blocks
+
+
+class RequestPerfMetrics:
+    def __init__(self, kv_cache_metrics: KvCacheMetrics) -> None:
+        self.kv_cache_metrics = kv_cache_metrics
+
+
 class Request:
     def __init__(
         self,
@@ -306,6 +344,8 @@ class Request:
         _check_int_lists("bad_words", bad_words)
         _check_int_lists("stop_words", stop_words)
         _check_type("num_return_sequences", num_return_sequences, int)
+        _check_type("lora_config", lora_config, LoraConfig)
+        _check_type("guided_decoding_params", guided_decoding_params, GuidedDecodingParams)
         # std::chrono::milliseconds: a timedelta (or float seconds); a bare int is rejected like the binding does
         if allotted_time_ms is not None and not isinstance(allotted_time_ms, (timedelta, float)):
             raise TypeError("incompatible function arguments: allotted_time_ms must be datetime.timedelta")
@@ -328,6 +368,8 @@ class Request:
         self.priority = priority
         self.num_return_sequences = num_return_sequences
         self.allotted_time_ms = allotted_time_ms
+        self.lora_config = lora_config
+        self.guided_decoding_params = guided_decoding_params
 
 
 class Result:
@@ -467,6 +509,7 @@ class Executor:
         max_batch = executor_config.max_batch_size or int(build.get("max_batch_size", 8))
         self._engine = FakeEngine(self.vocab_size, max_batch, self._on_update, executor_config.iter_stats_max_iterations)
         self._requests: dict[int, Request] = {}
+        self._context_sent: set[int] = set()  # requests whose context logits went out
         self._sent: dict[int, int] = {}  # request id -> tokens already sent (per sequence, for streaming deltas)
 
     # -- context manager -------------------------------------------------------------------------------------
@@ -551,6 +594,7 @@ class Executor:
                 return
             result = self._result(job, update.new_tokens, list(range(job.beam_width)), update.new_tokens, want_logs)
             result.is_final = result.is_sequence_final = update.job_done
+            self._add_outputs(result, job, request, update.new_tokens)
             self._responses.append(Response(job.job_id, result, client_id=request.client_id))
             return
         for index, new in enumerate(update.new_tokens):
@@ -569,6 +613,7 @@ class Executor:
             result.sequence_index = index
             result.is_sequence_final = finished
             result.is_final = finished and update.job_done and index == max(update.finished_now)
+            self._add_outputs(result, job, request, [generated])
             self._responses.append(Response(job.job_id, result, client_id=request.client_id))
 
     def _result(self, job: Job, token_lists: list[list[int]], indices: list[int], generated: list[list[int]],
@@ -585,6 +630,27 @@ class Executor:
             result.log_probs = []
             result.cum_log_probs = []
         return result
+
+    def _add_outputs(self, result: Result, job: Job, request: Request, generated: list[list[int]]) -> None:
+        """Logits and perf metrics a request asked for. Fake logits: 1.0 at the token that follows, 0 elsewhere.
+        Context logits come with a request's first response; generation logits are [beams, tokens, vocab], or
+        [tokens, beams, vocab] when streaming (as TensorRT-LLM lays them out)."""
+        import torch
+
+        config = request.output_config
+        if config.return_context_logits and job.job_id not in self._context_sent:
+            self._context_sent.add(job.job_id)
+            following = job.prompt[1:] + [job.sequences[0][0] if job.sequences[0] else 0]
+            result.context_logits = torch.nn.functional.one_hot(torch.tensor(following), self.vocab_size).float()
+        if config.return_generation_logits:
+            width = max(len(tokens) for tokens in generated)
+            logits = torch.zeros(len(generated), width, self.vocab_size)
+            for beam, tokens in enumerate(generated):
+                logits[beam, torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
+            result.generation_logits = logits.transpose(0, 1).contiguous() if request.streaming else logits
+        if config.return_perf_metrics:
+            total = -(-(len(job.prompt) + len(job.sequences[0])) // 32)  # 32 tokens per fake block
+            result.request_perf_metrics = RequestPerfMetrics(KvCacheMetrics(total, total, 0))
 
     def get_num_responses_ready(self, id: int | None = None) -> int:
         with self._engine.cond:
