@@ -107,15 +107,20 @@ def test_cancelling_one_stream_leaves_the_others_running(server):
     assert_slots_free(server)
 
 
-def test_stop_input_cancels_the_request_with_that_id_and_its_client_gets_cancelled(server):
+def test_stop_input_cancels_the_request_with_that_id_which_ends_normally_with_reason_cancelled(server):
+    # As NVIDIA's model: the stopped request's last response is a normal final one (TensorRT-LLM's final response
+    # after cancel_request), so NVIDIA's clients, which raise on any stream error, see it end cleanly.
     victim_client, stopper = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
     try:
-        victim = victim_client.send("tensorrt_llm", token_inputs([1], 4000), "victim-1")
+        victim = victim_client.send("tensorrt_llm", token_inputs([1], 4000, return_finish_reason=(True, np.bool_)),
+                                    "victim-1")
         time.sleep(0.1)
         stop = stopper.send("tensorrt_llm", [tensor("stop", True, np.bool_)], "victim-1").wait(5)
         assert stop.errors == [] and stop.finals == 1
         victim.wait(1)
-        assert victim.finals == 1 and victim.errors and victim.errors[0].startswith("CANCELLED")
+        assert victim.finals == 1 and victim.errors == []
+        assert victim.responses[-1].as_numpy("finish_reason").reshape(-1)[0] == b"cancelled"
+        assert 0 < len(victim.tokens()) < 4000
         assert victim.tokens() == expected([1], len(victim.tokens()))  # what arrived before is intact
     finally:
         victim_client.close()

@@ -334,7 +334,8 @@ def test_unary_stop_request_gets_one_empty_response(unary_server):
     stopped = client.infer("tensorrt_llm", stop, request_id="long-one", parameters={"Streaming": False})
     assert stopped.get_response().outputs == []
     long = answers.get(timeout=30)
-    assert isinstance(long, grpcclient.InferenceServerException) and long.status() == "StatusCode.CANCELLED"
+    assert not isinstance(long, Exception), long  # as NVIDIA's: the tokens so far, in a normal response
+    assert 0 < long.as_numpy("output_ids").size < 4000
     # Stopping a request that already ended is no error (as NVIDIA's); stopping without an id is.
     assert client.infer("tensorrt_llm", stop, request_id="long-one").get_response().outputs == []
     with pytest.raises(grpcclient.InferenceServerException, match="request id"):

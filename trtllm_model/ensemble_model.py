@@ -78,8 +78,7 @@ class TritonPythonModel:
                 reason = next((_reason(t) for t in tensors if t.name() == "finish_reason"), None)
                 if not client_wants_reason:
                     tensors = [t for t in tensors if t.name() != "finish_reason"]
-                # A cancelled request's last tokens come before its CANCELLED error, which is the final response.
-                final = reason is not None and reason != "cancelled"
+                final = reason is not None  # the forwarded request's last response (errors end the loop above)
                 if tensors or final:
                     sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=_FINAL if final else 0)
                     final_sent = final

@@ -131,6 +131,7 @@ class Poller:
         # An id no longer in flight (the request just ended) is no error, as in NVIDIA's model: a client that
         # stops after a delay must not fail because generation was quicker.
         if target is not None:
+            target.stopped = True
             self._cancel(target)
         try:
             ctx.stream.send({}, final=True)  # an empty response, as NVIDIA's: every client sees its end
@@ -323,6 +324,7 @@ class Poller:
             return
         if final:
             self._finish(ctx, last.finish_reason.value)
+        client_cancelled = final and last.finish_reason is FinishReason.CANCELLED and not ctx.stopped
         if streaming:
             text = self._text_delta(ctx, new_tokens, final)
             outputs = None
@@ -330,14 +332,14 @@ class Poller:
             # final to no callback, so a client would never see its request end.
             if new_tokens or last.beams is not None or text or final:
                 outputs = self._outputs(ctx, new_tokens, text, new_log_probs, last, new_logits)
-            if last.finish_reason is FinishReason.CANCELLED and final:
+            if client_cancelled:
                 if new_tokens or text:
                     ctx.stream.send(outputs, final=False)
                 ctx.stream.send_error(ErrorCode.CANCELLED, "request cancelled")
             elif outputs is not None:
                 ctx.stream.send(outputs, final=final)
         elif final:
-            if last.finish_reason is FinishReason.CANCELLED:
+            if client_cancelled:
                 ctx.stream.send_error(ErrorCode.CANCELLED, "request cancelled")
                 return
             prompt = [] if ctx.parsed.generation.exclude_input_in_output else ctx.parsed.prompt_ids
@@ -377,8 +379,7 @@ class Poller:
             generation_logits=_concat_logits(generation_logits) if generation_logits else None,
             perf=self._perf(ctx) if ctx.parsed.return_perf_metrics else None,
         )
-        if ctx.parsed.generation.streaming:
-            ctx.context_logits = None  # sent once, with the first response
+        # Context logits go with every response, as TensorRT-LLM's results carry them (NVIDIA's client keeps the last).
         return response_outputs(ctx.parsed, content)
 
     @staticmethod

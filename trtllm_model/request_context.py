@@ -53,6 +53,9 @@ class RequestContext:
     # KV-cache block counts for return_perf_metrics (the executor's latest; None where it counts none).
     kv_cache_blocks: dict[str, int] = field(default_factory=dict)
     cancel_requested: bool = False
+    # Cancelled by NVIDIA's `stop` input (not by its own client): it ends with a normal final response carrying
+    # the tokens so far and finish reason "cancelled", as in NVIDIA's model; a client that cancelled gets CANCELLED.
+    stopped: bool = False
     # Poller state, under the poller's work lock: steps and failures not yet delivered, and whether the request
     # is in the ready queue or being delivered (then it is not queued again).
     mailbox: list = field(default_factory=list)

@@ -509,7 +509,6 @@ class Executor:
         max_batch = executor_config.max_batch_size or int(build.get("max_batch_size", 8))
         self._engine = FakeEngine(self.vocab_size, max_batch, self._on_update, executor_config.iter_stats_max_iterations)
         self._requests: dict[int, Request] = {}
-        self._context_sent: set[int] = set()  # requests whose context logits went out
         self._sent: dict[int, int] = {}  # request id -> tokens already sent (per sequence, for streaming deltas)
 
     # -- context manager -------------------------------------------------------------------------------------
@@ -633,13 +632,12 @@ class Executor:
 
     def _add_outputs(self, result: Result, job: Job, request: Request, generated: list[list[int]]) -> None:
         """Logits and perf metrics a request asked for. Fake logits: 1.0 at the token that follows, 0 elsewhere.
-        Context logits come with a request's first response; generation logits are [beams, tokens, vocab], or
+        Context logits come with every response; generation logits are [beams, tokens, vocab], or
         [tokens, beams, vocab] when streaming (as TensorRT-LLM lays them out)."""
         import torch
 
         config = request.output_config
-        if config.return_context_logits and job.job_id not in self._context_sent:
-            self._context_sent.add(job.job_id)
+        if config.return_context_logits:
             following = job.prompt[1:] + [job.sequences[0][0] if job.sequences[0] else 0]
             result.context_logits = torch.nn.functional.one_hot(torch.tensor(following), self.vocab_size).float()
         if config.return_generation_logits:
