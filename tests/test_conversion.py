@@ -12,6 +12,7 @@ from trtllm_model.conversion import (
     parameters_dict,
     parse_request,
     response_outputs,
+    split_batch,
     words_from_offsets,
     words_to_offsets,
 )
@@ -91,7 +92,6 @@ def test_input_lengths_truncates_the_padded_prompt():
         (tokens([1], top_k=np.array([[1]], np.int32), runtime_top_k=np.array([[1]], np.int32)), "give only one"),
         (tokens([1], streaming=np.array([[1]], np.int32)), "streaming"),
         (tokens([1], request_output_len=np.array([[1, 2]], np.int32)), "request_output_len"),
-        ({"input_ids": np.array([[1], [2]], np.int32), "request_output_len": np.array([[1], [1]], np.int32)}, "batch size 2"),
         ({**tokens([1]), "text_input": np.array([[b"hi"]], np.object_)}, "text_input and input_ids"),
     ],
 )
@@ -154,6 +154,15 @@ def test_response_outputs_shapes():
     assert beams["output_ids"].tolist() == [[[1, 2, 3], [4, -1, -1]]]
     assert beams["sequence_length"].tolist() == [[3, 1]]
     assert beams["output_log_probs"].shape == (1, 2, 3) and beams["cum_log_probs"].tolist() == [[-3.0, -2.0]]
+
+
+def test_a_batched_request_splits_into_one_per_sequence():
+    tensors = {"input_ids": np.array([[1, 2, 0], [3, 4, 5]], np.int32), "input_lengths": np.array([[2], [3]], np.int32),
+               "request_output_len": np.array([[4], [6]], np.int32)}
+    parts = [parse(part).generation for part in split_batch(tensors)]
+    assert [(g.input_ids, g.max_tokens) for g in parts] == [([1, 2], 4), ([3, 4, 5], 6)]
+    with pytest.raises(InvalidInput, match="request_output_len: batch size 1, but input_ids has a batch of 2"):
+        split_batch({**tensors, "request_output_len": np.array([[4]], np.int32)})
 
 
 def test_text_output_is_one_string_per_beam():

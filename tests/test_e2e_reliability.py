@@ -208,7 +208,7 @@ BAD_REQUESTS = [
     ("bad words shape", "tensorrt_llm", ids_and_len() + [tensor("bad_words_list", [[[1, 2, 3]]], I32)], None, ["bad_words_list"]),
     ("text and tokens", "tensorrt_llm", ids_and_len() + [tensor("text_input", [[b"hi"]], S)], None, ["text_input", "input_ids"]),
     ("unknown parameter", "tensorrt_llm", ids_and_len(), {"tempreture": 0.5}, ["tempreture"]),
-    ("batch of two", "tensorrt_llm", [tensor("input_ids", [[1, 2], [3, 4]], I32), tensor("request_output_len", [[4], [4]], I32)], None, ["batch size 2"]),
+    ("batch sizes differ", "tensorrt_llm", [tensor("input_ids", [[1, 2], [3, 4]], I32), tensor("request_output_len", [[4]], I32)], None, ["request_output_len", "batch size 1"]),
     ("two lengths", "tensorrt_llm", [tensor("input_ids", [[1]], I32), tensor("request_output_len", [[4, 5]], I32)], None, ["request_output_len"]),
     ("wrong dtype", "tensorrt_llm", [tensor("input_ids", [[1.0]], F32), tensor("request_output_len", 4, I32)], None, ["input_ids"]),
     ("bool as int", "tensorrt_llm", ids_and_len() + [tensor("streaming", 1, I32)], None, ["streaming"]),

@@ -182,6 +182,18 @@ def row_request(row: dict[str, str], streaming: bool, beams: int) -> list:
     if beams > 1:
         extra["beam_width"] = (beams, np.int32)
     extra["exclude_input_in_output"] = (True, np.bool_)
+    if when == "batch":  # two prompts in one request, as end_to_end_grpc_client.py --batch-inputs sends them
+        rows = 2
+        names = {"text_input": [[PROMPT_TEXT.encode()]] * rows, "max_tokens": [[4]] * rows} if text else {
+            "input_ids": [PROMPT_IDS] * rows, "request_output_len": [[4]] * rows}
+        flags = {("stream" if text else "streaming"): streaming, "exclude_input_in_output": True}
+        if beams > 1:
+            flags["beam_width"] = beams
+        arrays = {name: np.array(value, dtype=np.object_ if name == "text_input" else np.int32)
+                  for name, value in names.items()}
+        arrays.update({name: np.full((rows, 1), value, dtype=np.int32 if name == "beam_width" else np.bool_)
+                       for name, value in flags.items()})
+        return [as_input(name, array) for name, array in arrays.items()]
     if text:
         return text_inputs(PROMPT_TEXT, 4, stream=streaming, **extra)
     return token_inputs(PROMPT_IDS, 4, streaming=streaming, **extra)
@@ -354,3 +366,25 @@ def test_unary_http_infer_on_the_decoupled_model_is_refused_by_triton(synthetic_
                                      data=json.dumps(body).encode())
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(request)
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_batch_of_prompts_in_one_request_answers_each_with_its_batch_index(synthetic_server, streaming):
+    inputs = [as_input("input_ids", np.array([[5], [50]], np.int32)),
+              as_input("request_output_len", np.array([[4], [2]], np.int32)),
+              as_input("streaming", np.full((2, 1), streaming))]
+    result = stream_once(synthetic_server.grpc_url, "tensorrt_llm", inputs)
+    assert result.errors == [] and result.finals == 1
+    tokens: dict[int, list[int]] = {0: [], 1: []}
+    for response in result.responses:
+        tokens[int(response.as_numpy("batch_index")[0][0])] += response.as_numpy("output_ids").reshape(-1).tolist()
+    assert tokens == {0: [6, 7, 8, 9], 1: [51, 52]}
+
+
+def test_the_non_decoupled_model_refuses_a_batch_as_unsupported(unary_server):
+    client = grpcclient.InferenceServerClient(unary_server.grpc_url)
+    inputs = [as_input("input_ids", np.array([[5], [50]], np.int32)),
+              as_input("request_output_len", np.array([[4], [2]], np.int32))]
+    with pytest.raises(grpcclient.InferenceServerException) as error:
+        client.infer("tensorrt_llm", inputs)
+    assert error.value.status() == "StatusCode.UNIMPLEMENTED" and "batch of 2" in error.value.message()

@@ -183,6 +183,21 @@ def _bool(scalars, key, default: bool = False) -> bool:
     return bool(value)
 
 
+def split_batch(tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """A request carrying a batch (NVIDIA's clients may send several prompts in one request: input_ids or
+    text_input with a first dimension over 1) -> one tensor dict per sequence. Every input must have that batch."""
+    lead_name = "input_ids" if "input_ids" in tensors else "text_input"
+    lead = tensors.get(lead_name)
+    if lead is None or lead.ndim < 2 or lead.shape[0] <= 1:
+        return [tensors]
+    size = lead.shape[0]
+    for name, array in tensors.items():
+        if array.ndim == 0 or array.shape[0] != size:
+            got = array.shape[0] if array.ndim else 0
+            raise InvalidInput(f"{name}: batch size {got}, but {lead_name} has a batch of {size}")
+    return [{name: array[index : index + 1] for name, array in tensors.items()} for index in range(size)]
+
+
 def _check_batch_of_one(tensors: dict[str, np.ndarray]) -> None:
     for name, array in tensors.items():
         if array.ndim >= 2 and array.shape[0] != 1:

@@ -56,10 +56,12 @@ class TritonPythonModel:
             parameters = json.loads(request.parameters() or "{}")
             inputs = request.inputs()
             client_wants_reason = _flag(inputs, "return_finish_reason")
+            # A batched request (several prompts) ends after one final response per prompt.
+            sequences_left = _batch_size(inputs)
             if not client_wants_reason:
-                # The forwarded request's last response is the one with a finish reason: it is sent on as FINAL.
+                # A sequence's last response is the one with a finish reason: the last of them is sent on as FINAL.
                 inputs = [t for t in inputs if t.name() != "return_finish_reason"]
-                inputs.append(pb_utils.Tensor("return_finish_reason", np.array([[True]])))
+                inputs.append(pb_utils.Tensor("return_finish_reason", np.ones((sequences_left, 1), dtype=bool)))
             requested = list(request.requested_output_names()) or self._outputs
             inner = pb_utils.InferenceRequest(
                 model_name=TARGET_MODEL,
@@ -78,7 +80,9 @@ class TritonPythonModel:
                 reason = next((_reason(t) for t in tensors if t.name() == "finish_reason"), None)
                 if not client_wants_reason:
                     tensors = [t for t in tensors if t.name() != "finish_reason"]
-                final = reason is not None  # the forwarded request's last response (errors end the loop above)
+                if reason is not None:  # a sequence's last response (errors end the loop above)
+                    sequences_left -= 1
+                final = sequences_left == 0
                 if tensors or final:
                     sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=_FINAL if final else 0)
                     final_sent = final
@@ -126,6 +130,12 @@ def _with_code(error):
     message = error.message()
     code = getattr(pb_utils.TritonError, message.split(":", 1)[0], None)
     return error if code is None else pb_utils.TritonError(message, code)
+
+
+def _batch_size(tensors) -> int:
+    text = next((t for t in tensors if t.name() == "text_input"), None)
+    shape = text.as_numpy().shape if text is not None else ()
+    return shape[0] if len(shape) >= 2 else 1
 
 
 def _flag(tensors, name: str) -> bool:

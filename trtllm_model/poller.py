@@ -65,7 +65,8 @@ class Poller:
         self.failure: str | None = None
         self._lock = threading.Condition()
         self._open: dict[int, RequestContext] = {}
-        self._by_triton_id: dict[str, RequestContext] = {}
+        # Triton request id -> the requests in flight under it (several for a batched request), for `stop`.
+        self._by_triton_id: dict[str, list[RequestContext]] = {}
         self._accepting = True
         self._running = True
         # Workers' shared state, under `_work`: requests with something to deliver, and whether a worker is
@@ -108,7 +109,7 @@ class Poller:
                 ctx.enqueued_ns = time.monotonic_ns()
                 self._open[ctx.executor_id] = ctx
                 if ctx.triton_request_id:
-                    self._by_triton_id[ctx.triton_request_id] = ctx
+                    self._by_triton_id.setdefault(ctx.triton_request_id, []).append(ctx)
                 self._lock.notify_all()
                 return
         self._send_error_now(ctx, *refusal)
@@ -127,10 +128,10 @@ class Poller:
             self._send_error_now(ctx, ErrorCode.INVALID_ARG, "stop: needs the request id of the request to cancel")
             return
         with self._lock:
-            target = self._by_triton_id.get(ctx.triton_request_id)
+            targets = list(self._by_triton_id.get(ctx.triton_request_id, ()))
         # An id no longer in flight (the request just ended) is no error, as in NVIDIA's model: a client that
         # stops after a delay must not fail because generation was quicker.
-        if target is not None:
+        for target in targets:
             target.stopped = True
             self._cancel(target)
         try:
@@ -220,7 +221,7 @@ class Poller:
                     continue  # already ended (failed send, shutdown): the executor's late steps are dropped
                 if step.is_final:
                     del self._open[step.request_id]
-                    self._by_triton_id.pop(ctx.triton_request_id, None)
+                    self._unregister_id(ctx)
                 routed.append((ctx, step))
         return routed
 
@@ -428,7 +429,14 @@ class Poller:
         with self._lock:
             if self._open.get(ctx.executor_id) is ctx:
                 del self._open[ctx.executor_id]
-            if self._by_triton_id.get(ctx.triton_request_id) is ctx:
+            self._unregister_id(ctx)
+
+    def _unregister_id(self, ctx: RequestContext) -> None:
+        """Forget `ctx` under its Triton request id (caller holds `_lock`)."""
+        siblings = self._by_triton_id.get(ctx.triton_request_id)
+        if siblings is not None and ctx in siblings:
+            siblings.remove(ctx)
+            if not siblings:
                 del self._by_triton_id[ctx.triton_request_id]
 
     def _cancel(self, ctx: RequestContext) -> None:
