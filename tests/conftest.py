@@ -140,3 +140,11 @@ def synthetic_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("synthetic"), executor="synthetic")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def unary_server(tmp_path_factory):
+    """The synthetic executor served non-decoupled (`serve --decoupled false`): one response per request."""
+    server = start_server(tmp_path_factory.mktemp("unary"), executor="synthetic", serve_args=["--decoupled", "false"])
+    yield server
+    server.stop()

@@ -222,15 +222,8 @@ def test_request_cancel_frees_the_server(smol, tokenizer):
 
 
 # -- non-streaming against the non-decoupled model (synthetic executor: exact tokens) ----------------------------
-@pytest.fixture(scope="module")
-def unary(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("nvidia-unary"), executor="synthetic", serve_args=["--decoupled", "false"])
-    yield server
-    server.stop()
-
-
-def test_unary_async_infer_as_the_script_sends_it(unary):
-    client = grpcclient.InferenceServerClient(unary.grpc_url)
+def test_unary_async_infer_as_the_script_sends_it(unary_server):
+    client = grpcclient.InferenceServerClient(unary_server.grpc_url)
     answers: queue.Queue = queue.Queue()
     client.async_infer("tensorrt_llm", token_request([5, 6, 7], 4, False, 0, 0, return_log_probs=True),
                        lambda result, error: answers.put(error or result), request_id="",
@@ -243,8 +236,8 @@ def test_unary_async_infer_as_the_script_sends_it(unary):
     assert result.as_numpy("output_log_probs")[0].shape == (1, 4) and result.as_numpy("cum_log_probs")[0].shape == (1,)
 
 
-def test_unary_stop_after_ms_with_the_stop_input(unary):
-    client = grpcclient.InferenceServerClient(unary.grpc_url)
+def test_unary_stop_after_ms_with_the_stop_input(unary_server):
+    client = grpcclient.InferenceServerClient(unary_server.grpc_url)
     answers: queue.Queue = queue.Queue()
     client.async_infer("tensorrt_llm", token_request([1], 4000, False, 0, 0), lambda result, error: answers.put(
         error or result), request_id="44", parameters={"Streaming": False})
@@ -258,8 +251,8 @@ def test_unary_stop_after_ms_with_the_stop_input(unary):
     assert 0 < stopped.as_numpy("output_ids")[0][0].size < 4000
 
 
-def test_unary_request_cancel(unary):
-    client = grpcclient.InferenceServerClient(unary.grpc_url)
+def test_unary_request_cancel(unary_server):
+    client = grpcclient.InferenceServerClient(unary_server.grpc_url)
     answers: queue.Queue = queue.Queue()
     future = client.async_infer("tensorrt_llm", token_request([1], 4000, False, 0, 0),
                                 lambda result, error: answers.put(error or result), request_id="45")

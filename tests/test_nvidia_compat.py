@@ -271,13 +271,6 @@ def test_request_ending_without_a_new_token_still_reaches_the_callback(synthetic
 
 
 # -- non-decoupled mode ----------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def unary_server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("unary"), executor="synthetic", serve_args=["--decoupled", "false"])
-    yield server
-    server.stop()
-
-
 def test_serve_decoupled_false_makes_both_models_non_decoupled(unary_server):
     for model in ("tensorrt_llm", "ensemble"):
         with urllib.request.urlopen(f"{unary_server.http_url}/v2/models/{model}/config") as response:

@@ -59,12 +59,6 @@ class ParsedRequest:
     stop_only: bool = False
     prompt_ids: list[int] = field(default_factory=list)
 
-    @property
-    def wants_final_outputs(self) -> bool:
-        """Whether a final response must carry outputs even when no token is left to send."""
-        return (self.return_finish_reason or self.return_num_output_tokens or self.return_num_input_tokens
-                or self.return_perf_metrics)
-
 
 # Alternative spellings: NVIDIA renamed some inputs in 2025-05 and the text-level model uses other names.
 _ALIASES = {
