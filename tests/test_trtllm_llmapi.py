@@ -310,3 +310,20 @@ def test_shutdown_ends_live_requests(executor):
     steps = executor.await_steps(0.01)
     assert steps and steps[-1].request_id == request_id and steps[-1].is_final
     assert steps[-1].finish_reason is FinishReason.CANCELLED
+
+
+def test_beam_log_probs_come_for_every_beam():
+    from trtllm_model.executors.trtllm_llmapi_mapping import OutputState, steps_from_output
+
+    class Completion:
+        def __init__(self, index, tokens, log_probs):
+            self.index, self.token_ids, self.logprobs = index, tokens, log_probs
+            self.cumulative_logprob, self.finish_reason, self.stop_reason = sum(log_probs), "length", None
+
+    class Output:
+        finished = True
+        outputs = [Completion(0, [5, 6], [-0.5, -0.25]), Completion(1, [5, 7], [-0.5, -1.0])]
+
+    [step] = steps_from_output(1, Output(), OutputState(beam_search=True, want_log_probs=True))
+    assert step.beams == [[5, 6], [5, 7]] and step.is_final
+    assert step.beam_log_probs == [[-0.5, -0.25], [-0.5, -1.0]] and step.beam_cum_log_probs == [-0.75, -1.5]

@@ -170,14 +170,16 @@ def steps_from_output(request_id: int, output: Any, state: OutputState) -> list[
     steps: list[Step] = []
     if state.beam_search:
         first = output.outputs[0]
-        steps.append(
-            Step(
-                request_id,
-                beams=[list(o.token_ids) for o in output.outputs],
-                finish_reason=finish_reason(first.finish_reason, first.stop_reason, state.timed_out),
-                cum_log_prob=first.cumulative_logprob if state.want_log_probs else None,
-            )
+        step = Step(
+            request_id,
+            beams=[list(o.token_ids) for o in output.outputs],
+            finish_reason=finish_reason(first.finish_reason, first.stop_reason, state.timed_out),
+            cum_log_prob=first.cumulative_logprob if state.want_log_probs else None,
         )
+        if state.want_log_probs:  # every beam in full, as its tokens
+            step.beam_log_probs = [log_probs_of(list(o.logprobs or []), list(o.token_ids)) for o in output.outputs]
+            step.beam_cum_log_probs = [float(o.cumulative_logprob or 0.0) for o in output.outputs]
+        steps.append(step)
     else:
         for completion in output.outputs:
             if completion.index in state.finished_sequences:
