@@ -515,6 +515,8 @@ PERF_OUTPUTS = {
 
 def _padded(rows: list[list], fill, dtype) -> np.ndarray:
     """[1, rows, longest row], shorter rows padded with `fill` (NVIDIA pads output_ids with -1)."""
+    if len(rows) == 1:  # one beam: every streamed token takes this path
+        return np.array(rows[0], dtype=dtype).reshape(1, 1, -1)
     width = max((len(row) for row in rows), default=0)
     array = np.full((1, len(rows), width), fill, dtype=dtype)
     for index, row in enumerate(rows):

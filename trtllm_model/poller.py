@@ -306,12 +306,13 @@ class Poller:
         ctx.log_probs.extend(new_log_probs)
         if last.cum_log_prob is not None:
             ctx.cum_log_prob = last.cum_log_prob
-        for step in steps:
-            if step.context_logits is not None:
-                ctx.context_logits = step.context_logits
-            for name in ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks"):
-                if getattr(step, name) is not None:
-                    ctx.kv_cache_blocks[name] = getattr(step, name)
+        if ctx.parsed.generation.return_context_logits or ctx.parsed.return_perf_metrics:  # off the common path
+            for step in steps:
+                if step.context_logits is not None:
+                    ctx.context_logits = step.context_logits
+                for name in ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks"):
+                    if getattr(step, name) is not None:
+                        ctx.kv_cache_blocks[name] = getattr(step, name)
         final = last.is_final and final_allowed
         error = next((s.error for s in steps if s.error), None)
         streaming = ctx.parsed.generation.streaming
