@@ -67,6 +67,12 @@ def test_top_k_top_p_read_as_nvidia_does(top_k, top_p, expected):
     assert (g.top_k, g.top_p) == expected
 
 
+def test_zero_beam_width_and_sequences_mean_one_as_nvidia_reads_them():
+    g = parse(tokens([1], beam_width=np.array([[0]], np.int32), num_return_sequences=np.array([[0]], np.int32))).generation
+    assert (g.beam_width, g.num_return_sequences) == (1, 1)
+    assert parse(tokens([1], end_id=np.array([[-1]], np.int32))).generation.end_id == -1  # no end token
+
+
 def test_input_lengths_truncates_the_padded_prompt():
     assert parse(tokens([1, 2, 0, 0], input_lengths=np.array([[2]], np.int32))).generation.input_ids == [1, 2]
 
@@ -86,7 +92,8 @@ def test_input_lengths_truncates_the_padded_prompt():
         (tokens([1], runtime_top_p=np.array([[1.5]], np.float32)), "runtime_top_p"),
         (tokens([1], runtime_top_k=np.array([[-1]], np.int32)), "runtime_top_k"),
         (tokens([1], repetition_penalty=np.array([[0.0]], np.float32)), "repetition_penalty"),
-        (tokens([1], beam_width=np.array([[0]], np.int32)), "beam_width"),
+        (tokens([1], beam_width=np.array([[-1]], np.int32)), "beam_width"),
+        (tokens([1], num_return_sequences=np.array([[-1]], np.int32)), "num_return_sequences"),
         (tokens([1], stop_words_list=np.array([[[1, 2], [3, -1]]], np.int32)), "stop_words_list"),
         (tokens([1], bad_words_list=np.array([[1, 2, 3]], np.int32)), "bad_words_list"),
         (tokens([1], top_k=np.array([[1]], np.int32), runtime_top_k=np.array([[1]], np.int32)), "give only one"),

@@ -320,8 +320,8 @@ def parse_request(
             f"{name}=true: this model is configured with `decoupled: false` (one response per request), so it "
             f"cannot stream; send {name}=false, or serve the decoupled model (trtllm-triton serve --decoupled true)"
         )
-    beam_width = _int(scalars, "beam_width", minimum=1) or 1
-    end_id = _int(scalars, "end_id", minimum=0)
+    beam_width = _int(scalars, "beam_width", minimum=0) or 1  # 0 means 1, as in NVIDIA's model
+    end_id = _int(scalars, "end_id", minimum=-1)  # -1: no end token (TensorRT-LLM's ignore-EOS), as NVIDIA passes it
     pad_id = _int(scalars, "pad_id", minimum=0)
     if text_mode and end_id is None:
         end_id = tokenizer.eos_token_id  # as NVIDIA's preprocessing: text requests end at the tokenizer's EOS
@@ -361,7 +361,7 @@ def parse_request(
         embedding_bias=embedding_bias,
         return_log_probs=_bool(scalars, "return_log_probs"),
         beam_width=beam_width,
-        num_return_sequences=_int(scalars, "num_return_sequences", minimum=1) or 1,
+        num_return_sequences=_int(scalars, "num_return_sequences", minimum=0) or 1,  # 0 means 1, as NVIDIA's
         allotted_time_ms=_int(scalars, "allotted_time_ms", minimum=1),
         return_context_logits=_bool(scalars, "return_context_logits"),
         return_generation_logits=_bool(scalars, "return_generation_logits"),
