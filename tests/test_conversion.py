@@ -75,6 +75,8 @@ def test_zero_beam_width_and_sequences_mean_one_as_nvidia_reads_them():
 
 def test_input_lengths_truncates_the_padded_prompt():
     assert parse(tokens([1, 2, 0, 0], input_lengths=np.array([[2]], np.int32))).generation.input_ids == [1, 2]
+    # Longer than the ids given: all of them (NVIDIA's model slices), not an error.
+    assert parse(tokens([1, 2], input_lengths=np.array([[9]], np.int32))).generation.input_ids == [1, 2]
 
 
 @pytest.mark.parametrize(

@@ -205,7 +205,7 @@ BAD_REQUESTS = [
     ("negative beam width", "tensorrt_llm", ids_and_len() + [tensor("beam_width", -1, I32)], None, ["beam_width"]),
     ("negative sequences", "tensorrt_llm", ids_and_len() + [tensor("num_return_sequences", -2, I32)], None, ["num_return_sequences"]),
     ("input_lengths zero", "tensorrt_llm", ids_and_len() + [tensor("input_lengths", 0, I32)], None, ["input_lengths"]),
-    ("input_lengths too long", "tensorrt_llm", ids_and_len() + [tensor("input_lengths", 9, I32)], None, ["input_lengths"]),
+    ("bias words without weights", "ensemble", text_inputs("hi", 4) + [tensor("embedding_bias_words", [[b"a"]], S)], None, ["embedding_bias_words", "weights"]),
     ("stop words offsets", "tensorrt_llm", ids_and_len() + [tensor("stop_words_list", [[[1, 2], [5, -1]]], I32)], None, ["stop_words_list"]),
     ("bad words shape", "tensorrt_llm", ids_and_len() + [tensor("bad_words_list", [[[1, 2, 3]]], I32)], None, ["bad_words_list"]),
     ("text and tokens", "tensorrt_llm", ids_and_len() + [tensor("text_input", [[b"hi"]], S)], None, ["text_input", "input_ids"]),

@@ -300,7 +300,7 @@ def parse_request(
         input_ids = tokenizer.encode(text)
     elif "input_ids" in tensors:
         input_ids = _token_list("input_ids", tensors["input_ids"], limits)
-        length = _int(scalars, "input_lengths", minimum=1, maximum=len(input_ids))
+        length = _int(scalars, "input_lengths", minimum=1)  # over the ids given: all of them, as NVIDIA's slice
         if length is not None:
             input_ids = input_ids[:length]
     else:
