@@ -155,7 +155,8 @@ def beam_server(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("beams")
     tokenizer_dir = dequantised_checkpoint(embedded_gguf_path(), default_cache_dir())
     parameters = {"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(workdir / "engine")),
-                  "max_beam_width": str(BEAMS), "tokenizer_dir": str(tokenizer_dir)}
+                  "max_beam_width": str(BEAMS), "tokenizer_dir": str(tokenizer_dir),
+                  "guided_decoding_backend": "xgrammar"}
     repository = repository_with_fake(workdir, parameters, ("tensorrt_llm", "ensemble"))
     server = start_server(workdir, executor="trtllm_engine", env=FAKE_ENVIRONMENT, repository=repository)
     yield server
@@ -381,3 +382,20 @@ def test_the_non_decoupled_model_refuses_a_batch_as_unsupported(unary_server):
     with pytest.raises(grpcclient.InferenceServerException) as error:
         client.infer("tensorrt_llm", inputs)
     assert error.value.status() == "StatusCode.UNIMPLEMENTED" and "batch of 2" in error.value.message()
+
+
+@pytest.mark.parametrize("model", ["tensorrt_llm", "ensemble"])
+def test_lora_and_guided_decoding_reach_the_engine_executor(beam_server, model):
+    """The engine executor takes them (the fake engine accepts what TensorRT-LLM's API takes); the synthetic one
+    refuses them as UNSUPPORTED (test_inputs_the_table_calls_unsupported_are_refused_naming_them)."""
+    extra = [as_input("lora_task_id", np.array([[3]], np.uint64)),
+             as_input("lora_weights", np.ones((1, 2, 8), np.float16)),
+             as_input("lora_config", np.array([[[1, 0, 4], [2, 0, 4]]], np.int32)),
+             as_input("guided_decoding_guide_type", np.array([[b"json_schema"]], np.object_)),
+             as_input("guided_decoding_guide", np.array([[b'{"type": "object"}']], np.object_))]
+    inputs = token_inputs(PROMPT_IDS, 3) if model == "tensorrt_llm" else text_inputs(PROMPT_TEXT, 3)
+    result = stream_once(beam_server.grpc_url, model, inputs + extra)
+    assert result.errors == [] and result.finals == 1
+    bad = stream_once(beam_server.grpc_url, model, inputs + [
+        as_input("guided_decoding_guide_type", np.array([[b"xml"]], np.object_))])
+    assert bad.errors and bad.errors[0].startswith("INVALID_ARG") and "guided_decoding_guide_type" in bad.errors[0]

@@ -375,3 +375,24 @@ def test_logits_and_kv_blocks_reach_the_step(executor, streaming):
     assert all(g.shape[0] == 1 and g.shape[2] == 1000 for g in generation)
     assert [int(i) for g in generation for i in g[0].argmax(axis=-1)] == tokens
     assert steps[-1].kv_cache_alloc_total_blocks == 1 and steps[-1].kv_cache_reused_blocks == 0
+
+
+def test_guided_decoding_maps_onto_the_executor_and_the_request(tle):
+    from trtllm_model.embedded.model_loading import load_tokenizer
+    from trtllm_model.executors.trtllm_mapping import executor_config
+
+    tokenizer = load_tokenizer()
+    params = Params({"guided_decoding_backend": "xgrammar"}, accepted=["guided_decoding_backend"])
+    guided = executor_config(tle, params, tokenizer=tokenizer).guided_decoding_config
+    assert guided.backend is tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR
+    assert len(guided.encoded_vocab) == len(tokenizer.get_vocab())
+    assert [tokenizer.convert_tokens_to_ids(t) for t in guided.encoded_vocab[:50]] == list(range(50))
+    assert guided.stop_token_ids == [tokenizer.eos_token_id] and guided.tokenizer_str.startswith("{")
+    assert executor_config(tle, Params({})).guided_decoding_config is None
+    with pytest.raises(ConfigError, match="tokenizer_dir"):
+        executor_config(tle, params)
+    trt = to_trt_request(tle, GenerationRequest([1], 4, guided_decoding_type="json_schema",
+                                                guided_decoding_guide='{"type": "object"}'))
+    assert trt.guided_decoding_params.guide_type is tle.GuidedDecodingParams.GuideType.JSON_SCHEMA
+    assert trt.guided_decoding_params.guide == '{"type": "object"}'
+    assert to_trt_request(tle, GenerationRequest([1], 4, guided_decoding_type="json")).guided_decoding_params.guide is None

@@ -49,6 +49,7 @@ CHOICES = {
     "gpt_model_type": ("inflight_fused_batching", "inflight_batching", "v1", "V1"),
     "batch_scheduler_policy": ("max_utilization", "guaranteed_no_evict", "static_batch"),
     "llm_backend": ("pytorch", "_autodeploy"),
+    "guided_decoding_backend": ("xgrammar",),
 }
 
 

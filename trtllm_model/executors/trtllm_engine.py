@@ -129,7 +129,7 @@ def load_tokenizer(params: Params) -> Tokenizer | None:
 
 
 class TrtllmEngineExecutor(Executor):
-    # Guided decoding needs the executor built with a GuidedDecodingConfig (xgrammar tokenizer info): not yet.
+    # Guided decoding is added where the executor was built with a GuidedDecodingConfig (create()).
     optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "lora"})
 
     def __init__(self, tle: ModuleType, engine: Any, tokenizer: Tokenizer | None = None) -> None:
@@ -244,7 +244,7 @@ def create(params: Params) -> TrtllmEngineExecutor:
         log.warning("executor=trtllm_engine ignores these set parameters: %s", ", ".join(ignored))
     tokenizer = load_tokenizer(params)
     tle = import_tensorrt_llm("tensorrt_llm.bindings.executor", "trtllm_engine")
-    config = executor_config(tle, params, worker_path)
+    config = executor_config(tle, params, worker_path, tokenizer)
     try:
         engine = tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, config)
     except Exception as exc:
@@ -255,6 +255,8 @@ def create(params: Params) -> TrtllmEngineExecutor:
         ) from exc
     executor = TrtllmEngineExecutor(tle, engine, tokenizer)
     executor.vocab_size = engine_vocab_size(engine_dir)
+    if config.guided_decoding_config is not None:
+        executor.optional_inputs = TrtllmEngineExecutor.optional_inputs | {"guided_decoding"}
     if not executor.is_leader:
         log.info("this rank is a TensorRT-LLM worker in leader mode: it serves no requests")
     return executor

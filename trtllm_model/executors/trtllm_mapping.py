@@ -39,7 +39,7 @@ NOT_APPLIED_NVIDIA_PARAMETERS = frozenset(
         "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes", "lora_prefetch_dir", "encoder_model_path",
         "encoder_input_features_data_type", "medusa_choices", "eagle_choices", "enable_context_fmha_fp32_acc",
         "multi_block_mode", "cuda_graph_mode", "cuda_graph_cache_size", "xgrammar_tokenizer_info_path",
-        "guided_decoding_backend", "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size",
+        "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size",
         "max_num_sequences",
     }
 )
@@ -99,7 +99,27 @@ def parallel_config(
     return tle.ParallelConfig(communication_type=tle.CommunicationType.MPI, **kwargs)
 
 
-def executor_config(tle: ModuleType, params: Params, orchestrator_worker_path: str | None = None) -> Any:
+def guided_decoding_config(tle: ModuleType, params: Params, tokenizer: Any = None) -> Any | None:
+    """NVIDIA's `guided_decoding_backend=xgrammar` (+ `tokenizer_dir`) -> GuidedDecodingConfig with the tokenizer's
+    vocabulary in id order, its serialised form and its end token, which xgrammar compiles grammars against."""
+    backend = params.str("guided_decoding_backend", choices=("xgrammar",))
+    if backend is None:
+        return None
+    if tokenizer is None:
+        raise ConfigError("parameter guided_decoding_backend=xgrammar needs tokenizer_dir (the grammar is compiled "
+                          "against the tokenizer's vocabulary)")
+    vocab = tokenizer.get_vocab()
+    return tle.GuidedDecodingConfig(
+        tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR,
+        encoded_vocab=sorted(vocab, key=vocab.__getitem__),
+        tokenizer_str=tokenizer.backend_tokenizer.to_str(),
+        stop_token_ids=[tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None,
+    )
+
+
+def executor_config(
+    tle: ModuleType, params: Params, orchestrator_worker_path: str | None = None, tokenizer: Any = None
+) -> Any:
     """NVIDIA's config.pbtxt parameter names -> ExecutorConfig."""
     return tle.ExecutorConfig(
         scheduler_config=scheduler_config(tle, params),
@@ -116,6 +136,7 @@ def executor_config(tle: ModuleType, params: Params, orchestrator_worker_path: s
             gpu_weights_percent=params.float("gpu_weights_percent", minimum=0.0, maximum=1.0),
             max_queue_size=params.int("max_queue_size"),
             recv_poll_period_ms=params.int("recv_poll_period_ms", minimum=0),
+            guided_decoding_config=guided_decoding_config(tle, params, tokenizer),
         ),
     )
 
@@ -153,6 +174,14 @@ def lora_config(tle: ModuleType, request: GenerationRequest) -> Any | None:
     return tle.LoraConfig(request.lora_task_id, **tensors)
 
 
+def guided_decoding_params(tle: ModuleType, request: GenerationRequest) -> Any | None:
+    """NVIDIA's guided_decoding_guide_type / guided_decoding_guide -> tle.GuidedDecodingParams."""
+    if request.guided_decoding_type is None:
+        return None
+    guide_type = tle.GuidedDecodingParams.GuideType[request.guided_decoding_type.upper()]
+    return tle.GuidedDecodingParams(guide_type, **_set_only(guide=request.guided_decoding_guide))
+
+
 def to_trt_request(tle: ModuleType, request: GenerationRequest, embedding_bias: Any = None) -> Any:
     """GenerationRequest -> tle.Request; `embedding_bias` is the request's bias already as a torch tensor."""
     stop_words = [list(word) for word in request.stop_words if word]
@@ -179,6 +208,7 @@ def to_trt_request(tle: ModuleType, request: GenerationRequest, embedding_bias: 
             num_return_sequences=request.num_return_sequences if request.num_return_sequences > 1 else None,
             allotted_time_ms=timedelta(milliseconds=request.allotted_time_ms) if request.allotted_time_ms else None,
             lora_config=lora_config(tle, request),
+            guided_decoding_params=guided_decoding_params(tle, request),
         ),
     )
 

@@ -168,8 +168,11 @@ class ExecutorConfig:
         extended_runtime_perf_knob_config=None,
         recv_poll_period_ms: int = 0,
         max_seq_idle_microseconds: int = 180000000,
+        guided_decoding_config: GuidedDecodingConfig | None = None,
     ) -> None:
         _check_type("max_beam_width", max_beam_width, int)
+        _check_type("guided_decoding_config", guided_decoding_config, GuidedDecodingConfig)
+        self.guided_decoding_config = guided_decoding_config
         _check_type("scheduler_config", scheduler_config, SchedulerConfig)
         _check_type("kv_cache_config", kv_cache_config, KvCacheConfig)
         _check_type("batching_type", batching_type, BatchingType)
@@ -290,6 +293,20 @@ class GuidedDecodingParams:
         _check_type("guide_type", guide_type, GuidedDecodingParams.GuideType)
         self.guide_type = guide_type
         self.guide = guide
+
+
+class GuidedDecodingConfig:
+    class GuidedDecodingBackend(enum.Enum):
+        XGRAMMAR = 0
+        LLGUIDANCE = 1
+
+    def __init__(self, backend: GuidedDecodingBackend, encoded_vocab: list[str] | None = None,
+                 tokenizer_str: str | None = None, stop_token_ids: list[int] | None = None) -> None:
+        _check_type("backend", backend, GuidedDecodingConfig.GuidedDecodingBackend)
+        self.backend = backend
+        self.encoded_vocab = encoded_vocab
+        self.tokenizer_str = tokenizer_str
+        self.stop_token_ids = stop_token_ids
 
 
 class KvCacheMetrics:
