@@ -246,9 +246,9 @@ def step_from_response(response: Any, streaming: bool = False) -> Step:
     if result.cum_log_probs:
         step.cum_log_prob = float(result.cum_log_probs[0])
     if result.context_logits is not None:
-        step.context_logits = _numpy(result.context_logits)
+        step.context_logits = logits_array(result.context_logits)
     if result.generation_logits is not None:
-        logits = _numpy(result.generation_logits)
+        logits = logits_array(result.generation_logits)
         step.generation_logits = logits.transpose(1, 0, 2) if streaming else logits
     perf = result.request_perf_metrics
     if perf is not None:
@@ -259,8 +259,8 @@ def step_from_response(response: Any, streaming: bool = False) -> Step:
     return step
 
 
-def _numpy(tensor: Any) -> Any:
-    """A torch tensor (any device and float type) from TensorRT-LLM -> float32 numpy."""
+def logits_array(tensor: Any) -> Any:
+    """Logits from TensorRT-LLM (a torch tensor on any device, any float type) -> float32 numpy."""
     import numpy as np
 
     if hasattr(tensor, "detach"):
