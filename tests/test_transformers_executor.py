@@ -335,7 +335,8 @@ def test_after_shutdown_await_is_quiet_and_enqueue_fails(loaded, prompts):
 def test_logits_are_the_models_own(executor, loaded, prompts):
     """NVIDIA's return_context_logits / return_generation_logits: the model's raw logits, greedy picks their argmax."""
     prompt = prompts[0]
-    request_id = executor.enqueue(greedy(prompt, 3, return_context_logits=True, return_generation_logits=True))
+    request_id = executor.enqueue(greedy(prompt, 3, return_context_logits=True, return_generation_logits=True,
+                                         return_perf_metrics=True))
     steps, deadline = [], time.monotonic() + 120
     while not (steps and steps[-1].is_final):
         assert time.monotonic() < deadline
@@ -350,3 +351,5 @@ def test_logits_are_the_models_own(executor, loaded, prompts):
     assert [g.shape for g in generation] == [(1, 1, reference.shape[1])] * len(tokens)
     assert [int(g[0, 0].argmax()) for g in generation] == tokens
     assert np.allclose(generation[0][0, 0], reference[-1], atol=1e-2)  # the first token's logits: the prompt's last
+    # return_perf_metrics: the cache slots (one token each) the request holds.
+    assert steps[-1].kv_cache_alloc_total_blocks == len(prompt) + len(tokens) and steps[-1].kv_cache_reused_blocks == 0
