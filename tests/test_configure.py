@@ -35,7 +35,18 @@ def test_templates_have_the_project_models_inputs_and_outputs(template):
     project = io_section((DEFAULT_REPOSITORY / "tensorrt_llm" / "config.pbtxt").read_text())
     assert io_section(template) == project, (
         "templates/*/config.pbtxt: copy the input/output list of model_repository/tensorrt_llm/config.pbtxt")
-    assert "decoupled: true" in template
+    assert "decoupled: ${decoupled_mode}" in template
+
+
+def test_decoupled_flag_sets_both_models_policy(tmp_path):
+    engine_dir = make_engine_dir(tmp_path / "engine")
+    base = ["--executor", "trtllm_engine", "--set", f"gpt_model_path={engine_dir}"]
+    assert main([*base, "--output", str(tmp_path / "default")]) == 0
+    assert main([*base, "--output", str(tmp_path / "unary"), "--decoupled", "false"]) == 0
+    for model in ("tensorrt_llm", "ensemble"):
+        assert "{ decoupled: true }" in (tmp_path / "default" / model / "config.pbtxt").read_text()
+        assert "{ decoupled: false }" in (tmp_path / "unary" / model / "config.pbtxt").read_text()
+    assert main([*base, "--output", str(tmp_path / "x"), "--decoupled", "false", "--set", "decoupled_mode=true"]) == 2
 
 
 def test_render_fills_given_keys_defaults_and_leaves_the_rest_unset():

@@ -68,7 +68,7 @@ def finish_reasons(result) -> list[str]:
 
 
 def assert_cancel_with_stop_ends_the_stream(server) -> None:
-    """NVIDIA's `stop` input (same request id, stop=True) cancels a long request; its stream ends CANCELLED."""
+    """NVIDIA's `stop` input (same request id, stop=True) cancels a long request; its stream ends normally."""
     streams, stopper = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
     try:
         long = streams.send("tensorrt_llm", token_inputs([1000], 4000), "long-request")
@@ -83,7 +83,7 @@ def assert_cancel_with_stop_ends_the_stream(server) -> None:
         stopper.close()
     tokens = long.tokens()
     assert 0 < len(tokens) < 4000 and tokens == fake_tokens([1000], len(tokens))
-    assert long.finals == 1 and any("cancel" in error for error in long.errors)
+    assert long.finals == 1 and long.errors == []  # a stopped request ends normally, as in NVIDIA's model
 
 
 def _stop():

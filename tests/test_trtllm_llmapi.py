@@ -310,3 +310,33 @@ def test_shutdown_ends_live_requests(executor):
     steps = executor.await_steps(0.01)
     assert steps and steps[-1].request_id == request_id and steps[-1].is_final
     assert steps[-1].finish_reason is FinishReason.CANCELLED
+
+
+def test_beam_log_probs_come_for_every_beam():
+    from trtllm_model.executors.trtllm_llmapi_mapping import OutputState, steps_from_output
+
+    class Completion:
+        def __init__(self, index, tokens, log_probs):
+            self.index, self.token_ids, self.logprobs = index, tokens, log_probs
+            self.cumulative_logprob, self.finish_reason, self.stop_reason = sum(log_probs), "length", None
+
+    class Output:
+        finished = True
+        outputs = [Completion(0, [5, 6], [-0.5, -0.25]), Completion(1, [5, 7], [-0.5, -1.0])]
+
+    [step] = steps_from_output(1, Output(), OutputState(beam_search=True, want_log_probs=True))
+    assert step.beams == [[5, 6], [5, 7]] and step.is_final
+    assert step.beam_log_probs == [[-0.5, -0.25], [-0.5, -1.0]] and step.beam_cum_log_probs == [-0.75, -1.5]
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_logits_reach_the_step(executor, streaming):
+    request_id = executor.enqueue(GenerationRequest([1000, 1200], 4, streaming=streaming, return_context_logits=True,
+                                                    return_generation_logits=True))
+    steps = collect_until_final(executor, {request_id})
+    context = [s.context_logits for s in steps if s.context_logits is not None]
+    assert context and all(c.shape == (2, 5000) for c in context)  # the LLM API keeps them on the output
+    generation = [s.generation_logits for s in steps if s.generation_logits is not None]
+    tokens = [t for s in steps for t in s.token_ids]
+    assert all(g.shape[0] == 1 and g.shape[2] == 5000 for g in generation)
+    assert [int(i) for g in generation for i in g[0].argmax(axis=-1)] == tokens == fake_tokens([1200], 4, 5000)

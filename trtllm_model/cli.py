@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -109,6 +111,17 @@ def unload_models(host: str, http_port: int, settle_s: float = 5.0) -> None:
         pass  # the server is already going away: nothing left to do gracefully
 
 
+def repository_copy_with_policy(repository: Path, decoupled: bool) -> Path:
+    """A copy of the repository (in a temporary directory) with every model set to the transaction policy."""
+    from .configure import set_decoupled
+
+    copy = Path(tempfile.mkdtemp(prefix="trtllm-triton-repository-")) / repository.name
+    shutil.copytree(repository, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    set_decoupled(copy, decoupled)
+    print(f"trtllm-triton: serving {copy} (a copy of {repository} with decoupled: {str(decoupled).lower()})")
+    return copy
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trtllm-triton")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -119,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--grpc-port", type=int, default=8001)
     run.add_argument("--metrics-port", type=int, default=8002)
     run.add_argument("--executor", help="override the config's `executor` parameter (e.g. synthetic, transformers)")
+    run.add_argument("--decoupled", choices=("true", "false"),
+                     help="serve the repository's models decoupled (streaming) or not (one response per request, "
+                          "for unary gRPC ModelInfer and HTTP infer); default: as their config.pbtxt says")
     run.add_argument("--log-verbose", type=int, default=0)
     run.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     run.add_argument("server_args", nargs="*", help="extra tritonserver flags, after --")
@@ -131,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         return configure_main(rest)
     if rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
+    repository = args.model_repository.resolve()
+    if args.decoupled is not None:
+        repository = repository_copy_with_policy(repository, args.decoupled == "true")
     options = ServerOptions(
-        model_repository=args.model_repository.resolve(),
+        model_repository=repository,
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,

@@ -22,14 +22,16 @@ import triton_python_backend_utils as pb_utils
 log = logging.getLogger("trtllm_model.ensemble")
 
 TARGET_MODEL = "tensorrt_llm"
-TEXT_OUTPUTS = ["text_output", "output_log_probs", "cum_log_probs", "finish_reason", "num_input_tokens",
-                "num_output_tokens", "sequence_index"]
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_S = 0.1
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        model_config = json.loads(args["model_config"])
+        self._outputs = [output["name"] for output in model_config.get("output", [])]
+        # Decoupled or not, each response goes out as soon as it arrives and the one that ends the request carries
+        # the FINAL flag (as NVIDIA's ensemble): a non-decoupled client gets exactly that one response.
         self._ids = itertools.count(1)
         self._prefix = f"ensemble-{os.getpid()}-"
         self._lock = threading.Condition()
@@ -49,23 +51,41 @@ class TritonPythonModel:
 
     def _forward(self, request, forwarded_id: str) -> None:
         sender = request.get_response_sender()
-        error = None
+        error, final_sent = None, False
         try:
             parameters = json.loads(request.parameters() or "{}")
+            inputs = request.inputs()
+            client_wants_reason = _flag(inputs, "return_finish_reason")
+            # A batched request (several prompts) ends after one final response per prompt.
+            sequences_left = _batch_size(inputs)
+            if not client_wants_reason:
+                # A sequence's last response is the one with a finish reason: the last of them is sent on as FINAL.
+                inputs = [t for t in inputs if t.name() != "return_finish_reason"]
+                inputs.append(pb_utils.Tensor("return_finish_reason", np.ones((sequences_left, 1), dtype=bool)))
+            requested = list(request.requested_output_names()) or self._outputs
             inner = pb_utils.InferenceRequest(
                 model_name=TARGET_MODEL,
-                inputs=request.inputs(),
-                requested_output_names=list(request.requested_output_names()) or TEXT_OUTPUTS,
+                inputs=inputs,
+                requested_output_names=sorted(set(requested) | {"finish_reason"}),
                 request_id=forwarded_id,
                 parameters={k: v for k, v in parameters.items() if not k.startswith("triton_")},
             )
             for response in inner.exec(decoupled=True):
+                if final_sent:
+                    continue  # the iterator ends after the forwarded request's final response
                 if response.has_error():
-                    error = response.error()
+                    error = _with_code(response.error())
                     break
                 tensors = response.output_tensors()
-                if tensors:
-                    sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+                reason = next((_reason(t) for t in tensors if t.name() == "finish_reason"), None)
+                if not client_wants_reason:
+                    tensors = [t for t in tensors if t.name() != "finish_reason"]
+                if reason is not None:  # a sequence's last response (errors end the loop above)
+                    sequences_left -= 1
+                final = sequences_left == 0
+                if tensors or final:
+                    sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=_FINAL if final else 0)
+                    final_sent = final
         except Exception as exc:
             error = _forwarding_error(exc)
         # Leave the watcher's view before the final response: asking Triton whether a finished request was
@@ -74,8 +94,8 @@ class TritonPythonModel:
             self._open.pop(forwarded_id, None)
         if error is not None:
             sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
-        else:
-            sender.send(flags=_FINAL)  # the forwarded request's own final response ended the iterator
+        elif not final_sent:
+            sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=_FINAL)
 
     def _watch_cancellations(self) -> None:
         cancelled: set[str] = set()
@@ -102,6 +122,30 @@ class TritonPythonModel:
             self._running = False
             self._lock.notify_all()
         self._watcher.join(timeout=2)
+
+
+def _with_code(error):
+    """The forwarded model's error with its code: a BLS response's error arrives as INTERNAL, but our messages
+    lead with their code (triton_io.triton_error), which a unary client sees as the gRPC/HTTP status."""
+    message = error.message()
+    code = getattr(pb_utils.TritonError, message.split(":", 1)[0], None)
+    return error if code is None else pb_utils.TritonError(message, code)
+
+
+def _batch_size(tensors) -> int:
+    text = next((t for t in tensors if t.name() == "text_input"), None)
+    shape = text.as_numpy().shape if text is not None else ()
+    return shape[0] if len(shape) >= 2 else 1
+
+
+def _flag(tensors, name: str) -> bool:
+    tensor = next((t for t in tensors if t.name() == name), None)
+    return tensor is not None and bool(tensor.as_numpy().any())
+
+
+def _reason(tensor) -> str:
+    value = tensor.as_numpy().reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _send_stop(forwarded_id: str) -> None:

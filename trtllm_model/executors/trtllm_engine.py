@@ -174,6 +174,9 @@ def load_tokenizer(params: Params) -> Tokenizer | None:
 
 
 class TrtllmEngineExecutor(Executor):
+    # Guided decoding is added where the executor was built with a GuidedDecodingConfig (create()).
+    optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "lora"})
+
     def __init__(self, tle: ModuleType, engine: Any, tokenizer: Tokenizer | None = None) -> None:
         self._tle = tle
         self._engine = engine
@@ -182,6 +185,7 @@ class TrtllmEngineExecutor(Executor):
         self._dead: str | None = None
         self._closed = False
         self._shutdown_lock = threading.Lock()
+        self._streaming_logits: set[int] = set()  # streaming requests that asked for generation logits
 
     @property
     def is_leader(self) -> bool:
@@ -196,7 +200,10 @@ class TrtllmEngineExecutor(Executor):
         except (TypeError, ValueError, RuntimeError) as exc:
             raise RequestRejected(f"TensorRT-LLM rejected the request: {exc}") from exc
         try:
-            return self._engine.enqueue_request(trt_request)
+            request_id = self._engine.enqueue_request(trt_request)
+            if request.streaming and request.return_generation_logits:
+                self._streaming_logits.add(request_id)
+            return request_id
         except Exception as exc:
             self._raise_if_unusable()
             if self.health_error():
@@ -224,7 +231,11 @@ class TrtllmEngineExecutor(Executor):
                 return []
             self._dead = f"TensorRT-LLM executor failed: {exc}"
             raise ExecutorError(self._dead) from exc
-        return [step_from_response(response) for response in responses]
+        steps = [step_from_response(r, r.request_id in self._streaming_logits) for r in responses]
+        for step in steps:
+            if step.is_final:
+                self._streaming_logits.discard(step.request_id)
+        return steps
 
     def cancel(self, request_id: int) -> None:
         if self._closed or not self._is_leader:
@@ -280,7 +291,7 @@ def create(params: Params) -> TrtllmEngineExecutor:
         log.warning("executor=trtllm_engine ignores these set parameters: %s", ", ".join(ignored))
     tokenizer = load_tokenizer(params)
     tle = import_tensorrt_llm("tensorrt_llm.bindings.executor", "trtllm_engine")
-    config = executor_config(tle, params, worker_path)
+    config = executor_config(tle, params, worker_path, tokenizer)
     try:
         engine = tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, config)
     except Exception as exc:
@@ -295,6 +306,8 @@ def create(params: Params) -> TrtllmEngineExecutor:
     beam_width = min(filter(None, (build.max_beam_width, config.max_beam_width)), default=None)
     executor.build_limits = replace(build, max_beam_width=beam_width,
                                     max_batch_size=config.max_batch_size or build.max_batch_size)
+    if config.guided_decoding_config is not None:
+        executor.optional_inputs = TrtllmEngineExecutor.optional_inputs | {"guided_decoding"}
     if not executor.is_leader:
         log.info("this rank is a TensorRT-LLM worker in leader mode: it serves no requests")
     return executor

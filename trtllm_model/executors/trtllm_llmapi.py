@@ -59,6 +59,10 @@ class _Live:
 
 
 class LlmApiExecutor(Executor):
+    # LoRA here takes adapters by path (LoRARequest), not NVIDIA's weight tensors; guided decoding needs the LLM
+    # built with a guided-decoding backend: both UNSUPPORTED.
+    optional_inputs = frozenset({"return_context_logits", "return_generation_logits"})
+
     def __init__(self, llm: Any, sampling_params_cls: type) -> None:
         self._llm = llm
         self._sampling_params_cls = sampling_params_cls

@@ -97,6 +97,7 @@ class CompletionOutput:
     token_ids_diff: list[int] = field(default_factory=list)
     logprobs_diff: list = field(default_factory=list)
     text_diff: str = ""
+    generation_logits: object = None  # torch [tokens so far, vocab] with return_generation_logits
 
 
 _FINISH = {"END_ID": "stop", "STOP_WORDS": "stop", "LENGTH": "length", "TIMED_OUT": "timeout",
@@ -117,6 +118,7 @@ class RequestOutput:
         self._aqueue: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
         self._queue: queue.Queue = queue.Queue()
         self._stop_words: list[list[int]] = []
+        self.context_logits = None  # torch [prompt tokens, vocab] with return_context_logits
 
     # engine thread
     def _push(self, item: Update) -> None:
@@ -142,12 +144,21 @@ class RequestOutput:
                 output.logprobs_diff = [{t: Logprob(fake_log_prob(t), 1)} for t in output.token_ids_diff]
                 output.logprobs = output.logprobs + output.logprobs_diff
                 output.cumulative_logprob = sum(fake_log_prob(t) for t in output.token_ids)
+            if self._params.return_generation_logits and output.token_ids:
+                output.generation_logits = self._one_hot(output.token_ids)  # fake logits: 1.0 at each token
             if output.finish_reason is None and reason is not None:
                 output.finish_reason = _FINISH[reason]
                 if reason == "STOP_WORDS":
                     word = next(w for w in self._stop_words if output.token_ids[-len(w):] == w)
                     output.stop_reason = word[0] if len(word) == 1 else self._llm.tokenizer.decode(word)
+        if self._params.return_context_logits and self.context_logits is None:
+            self.context_logits = self._one_hot(self.prompt_token_ids[1:] + self.outputs[0].token_ids[:1])
         self.finished = update.job_done
+
+    def _one_hot(self, tokens: list[int]):
+        import torch
+
+        return torch.nn.functional.one_hot(torch.tensor(tokens), self._llm.vocab_size).float()
 
     # consumer side
     def abort(self) -> None:
