@@ -95,12 +95,13 @@ def start_server(
     expect_ready: bool = True,
     server_args: list[str] | None = None,
     cwd: Path | None = None,
+    serve_args: list[str] | None = None,
     new_session: bool = False,
 ) -> Server:
     """Start `trtllm-triton serve` on free ports; returns once every model is ready (or raises with the log).
 
-    `server_args` go to tritonserver itself (after `--`); `cwd` is the server's working directory; `new_session`
-    starts it in its own process group, as a terminal or systemd would."""
+    `serve_args` go to `trtllm-triton serve`, `server_args` to tritonserver itself (after `--`); `cwd` is the
+    server's working directory; `new_session` starts it in its own process group, as a terminal or systemd would."""
     workdir.mkdir(parents=True, exist_ok=True)
     if repository is None:
         repository = write_repository(workdir / "repository", parameters, models, config_edits)
@@ -113,6 +114,7 @@ def start_server(
     ]
     if executor:
         command.append(f"--executor={executor}")
+    command += serve_args or []
     if server_args:
         command += ["--", *server_args]
     environment = dict(os.environ)
@@ -138,5 +140,13 @@ def start_server(
 def synthetic_server(tmp_path_factory):
     """One server with the synthetic executor (10 ms steps) shared by the end-to-end tests that don't stop it."""
     server = start_server(tmp_path_factory.mktemp("synthetic"), executor="synthetic")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def unary_server(tmp_path_factory):
+    """The synthetic executor served non-decoupled (`serve --decoupled false`): one response per request."""
+    server = start_server(tmp_path_factory.mktemp("unary"), executor="synthetic", serve_args=["--decoupled", "false"])
     yield server
     server.stop()

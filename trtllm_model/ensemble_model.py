@@ -5,7 +5,8 @@ copy of the weights in memory. Tokenization and detokenization happen inside `te
 pass-through hop per response. A client's cancellation becomes a `stop` request for the forwarded request id.
 
 BLS responses arrive through a blocking iterator in this Triton release, so each forwarded request gets a thread
-(it sleeps in the IPC wait with the GIL released); one watcher thread checks cancellations for all of them.
+(it sleeps in the IPC wait with the GIL released); one watcher thread checks cancellations for all of them, and
+ends the streams still open when the model is being unloaded (a server stop), so the unload never waits on them.
 """
 
 from __future__ import annotations
@@ -23,44 +24,42 @@ import triton_python_backend_utils as pb_utils
 log = logging.getLogger("trtllm_model.ensemble")
 
 TARGET_MODEL = "tensorrt_llm"
-TEXT_OUTPUTS = ["text_output", "output_log_probs", "cum_log_probs", "finish_reason", "num_input_tokens",
-                "num_output_tokens", "sequence_index"]
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_S = 0.1
+# On unload, how long tensorrt_llm gets to end the forwarded requests itself before the watcher ends the rest.
 FORWARDED_GRACE_S = 2.0
 
 
 class _Forward:
-    """A client request being forwarded: one sender, and a lock so that nothing is sent after its final response."""
+    """A client request being forwarded: its one sender, and a lock so that nothing is sent after its final."""
 
-    __slots__ = ("request", "sender", "lock", "done")
+    __slots__ = ("request", "sender", "lock", "done", "cancelled")
 
     def __init__(self, request) -> None:
         self.request = request
         self.sender = request.get_response_sender()
         self.lock = threading.Lock()
         self.done = False
+        self.cancelled = False  # the client cancelled (set by the watcher)
 
     def send(self, response) -> None:
         with self.lock:
             if not self.done:
                 self.sender.send(response)
 
-    def finish(self, error=None) -> bool:
-        """Send the final response (an error if given), unless one was sent already."""
+    def finish(self, response) -> None:
         with self.lock:
-            if self.done:
-                return False
-            self.done = True
-            if error is not None:
-                self.sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
-            else:
-                self.sender.send(flags=_FINAL)
-            return True
+            if not self.done:
+                self.done = True
+                self.sender.send(response, flags=_FINAL)
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        model_config = json.loads(args["model_config"])
+        self._outputs = [output["name"] for output in model_config.get("output", [])]
+        # Decoupled or not, each response goes out as soon as it arrives and the one that ends the request carries
+        # the FINAL flag (as NVIDIA's ensemble): a non-decoupled client gets exactly that one response.
         self._name = args["model_name"]
         self._ids = itertools.count(1)
         self._prefix = f"ensemble-{os.getpid()}-"
@@ -82,39 +81,63 @@ class TritonPythonModel:
 
     def _forward(self, forward: _Forward, forwarded_id: str) -> None:
         request = forward.request
-        error = None
-        complete = False  # tensorrt_llm's last response of a finished request carries outputs
+        error, final_sent = None, False
         try:
             parameters = json.loads(request.parameters() or "{}")
+            inputs = request.inputs()
+            client_wants_reason = _flag(inputs, "return_finish_reason")
+            # A batched request (several prompts) ends after one final response per prompt.
+            sequences_left = _batch_size(inputs)
+            if not client_wants_reason:
+                # A sequence's last response is the one with a finish reason: the last of them is sent on as FINAL.
+                inputs = [t for t in inputs if t.name() != "return_finish_reason"]
+                inputs.append(pb_utils.Tensor("return_finish_reason", np.ones((sequences_left, 1), dtype=bool)))
+            requested = list(request.requested_output_names()) or self._outputs
             inner = pb_utils.InferenceRequest(
                 model_name=TARGET_MODEL,
-                inputs=request.inputs(),
-                requested_output_names=list(request.requested_output_names()) or TEXT_OUTPUTS,
+                inputs=inputs,
+                requested_output_names=sorted(set(requested) | {"finish_reason"}),
                 request_id=forwarded_id,
                 parameters={k: v for k, v in parameters.items() if not k.startswith("triton_")},
             )
+            # Read to the end: the iterator must see the forwarded request's own final response.
             for response in inner.exec(decoupled=True):
+                if final_sent:
+                    continue
                 if response.has_error():
-                    error = response.error()
-                    continue  # a forwarded request's error is not final (see triton_io.TritonStream.send_error)
+                    error = _with_code(response.error())
+                    continue
                 tensors = response.output_tensors()
-                complete = bool(tensors)
-                if tensors:
+                reason = next((_reason(t) for t in tensors if t.name() == "finish_reason"), None)
+                if not client_wants_reason:
+                    tensors = [t for t in tensors if t.name() != "finish_reason"]
+                if reason is not None:  # a sequence's last response
+                    sequences_left -= 1
+                if sequences_left == 0:
+                    final_sent = True
+                    self._finish(forwarded_id, pb_utils.InferenceResponse(output_tensors=tensors))
+                elif tensors:
                     forward.send(pb_utils.InferenceResponse(output_tensors=tensors))
         except Exception as exc:
             error = _forwarding_error(exc)
+        if final_sent:
+            return
+        if error is None:
+            # The forwarded request ended without finishing every sequence: tensorrt_llm ended it with an error that
+            # Triton 2.51 does not pass to a BLS caller after earlier responses (see TritonStream.send_error).
+            error = (pb_utils.TritonError("CANCELLED: request cancelled", pb_utils.TritonError.CANCELLED)
+                     if forward.cancelled else
+                     pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} ended the request early",
+                                          pb_utils.TritonError.UNAVAILABLE))
+        self._finish(forwarded_id, pb_utils.InferenceResponse(error=error))
+
+    def _finish(self, forwarded_id: str, response) -> None:
         # Leave the watcher's view before the final response: asking Triton whether a finished request was
         # cancelled crashes tritonserver 2.51 (ResponseFactoryIsCancelled on a released factory).
         with self._lock:
-            if self._open.pop(forwarded_id, None) is None:
-                return  # the watcher ended this stream (the model is being unloaded)
-        if error is None and not complete:
-            # A flag-only final: tensorrt_llm ended the request with an error (stop, unload, executor failure),
-            # and Triton 2.51 does not pass that error response to a BLS caller (see TritonStream.send_error).
-            # No readiness question here: it can block while the server stops.
-            error = pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} ended the request early",
-                                         pb_utils.TritonError.UNAVAILABLE)
-        forward.finish(error)
+            forward = self._open.pop(forwarded_id, None)
+        if forward is not None:  # else the watcher ended this stream (the model is being unloaded)
+            forward.finish(response)
 
     def _watch_cancellations(self) -> None:
         cancelled: set[str] = set()
@@ -126,14 +149,16 @@ class TritonPythonModel:
                     continue
                 # is_cancelled() under the lock, so that no request is asked about after its final response.
                 newly = [fid for fid, f in self._open.items() if fid not in cancelled and f.request.is_cancelled()]
+                for forwarded_id in newly:
+                    self._open[forwarded_id].cancelled = True
                 cancelled.update(newly)
                 cancelled &= set(self._open)
             for forwarded_id in newly:
                 _send_stop(forwarded_id)
             if unloading_since is None and not _ready(self._name):
                 unloading_since = time.monotonic()
-            # Let tensorrt_llm end the forwarded requests first (it sees the stop too): once this model is gone,
-            # tensorrt_llm's questions about those requests (is_cancelled) can hang in 2.51. End the rest here.
+            # tensorrt_llm sees the stop too and ends its requests first; once it is gone, its questions about
+            # requests forwarded from here can hang in 2.51. So after a grace period the watcher ends the rest.
             if unloading_since is not None and time.monotonic() - unloading_since > FORWARDED_GRACE_S:
                 self._end_open_streams()
             with self._lock:
@@ -141,13 +166,14 @@ class TritonPythonModel:
 
     def _end_open_streams(self) -> None:
         # Triton unloads this model (and a stopping server exits) only once every client request has had its
-        # final response; end them here instead of waiting for each forwarded request to come back.
+        # final response.
         with self._lock:
             forwards = list(self._open.values())
             self._open.clear()
+        error = pb_utils.TritonError("UNAVAILABLE: model is shutting down", pb_utils.TritonError.UNAVAILABLE)
         for forward in forwards:
             try:
-                forward.finish(pb_utils.TritonError("UNAVAILABLE: model is shutting down", pb_utils.TritonError.UNAVAILABLE))
+                forward.finish(pb_utils.InferenceResponse(error=error))
             except Exception:
                 log.debug("could not end a stream", exc_info=True)
         if forwards:
@@ -162,6 +188,30 @@ class TritonPythonModel:
             self._running = False
             self._lock.notify_all()
         self._watcher.join(timeout=2)
+
+
+def _with_code(error):
+    """The forwarded model's error with its code: a BLS response's error arrives as INTERNAL, but our messages
+    lead with their code (triton_io.triton_error), which a unary client sees as the gRPC/HTTP status."""
+    message = error.message()
+    code = getattr(pb_utils.TritonError, message.split(":", 1)[0], None)
+    return error if code is None else pb_utils.TritonError(message, code)
+
+
+def _batch_size(tensors) -> int:
+    text = next((t for t in tensors if t.name() == "text_input"), None)
+    shape = text.as_numpy().shape if text is not None else ()
+    return shape[0] if len(shape) >= 2 else 1
+
+
+def _flag(tensors, name: str) -> bool:
+    tensor = next((t for t in tensors if t.name() == name), None)
+    return tensor is not None and bool(tensor.as_numpy().any())
+
+
+def _reason(tensor) -> str:
+    value = tensor.as_numpy().reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _send_stop(forwarded_id: str) -> None:

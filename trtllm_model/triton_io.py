@@ -32,17 +32,17 @@ def request_parameters_json(request) -> str:
 class TritonStream:
     """A request's response sender, behind the poller's ResponseStream protocol."""
 
-    __slots__ = ("_request", "_sender", "_forwarded_and_started")
+    __slots__ = ("_request", "_sender", "_forwarded", "_started")
 
     def __init__(self, request) -> None:
         self._request = request
         self._sender = request.get_response_sender()
-        self._forwarded_and_started = False
+        self._forwarded = request.request_id().startswith(FORWARDED_ID_PREFIX)
+        self._started = False  # a response was sent
 
     def send(self, outputs: dict[str, np.ndarray] | None, final: bool) -> None:
         flags = _FINAL if final else 0
-        if not self._forwarded_and_started and self._request.request_id().startswith(FORWARDED_ID_PREFIX):
-            self._forwarded_and_started = True
+        self._started = True
         if outputs is None:
             self._sender.send(flags=flags)
             return
@@ -51,7 +51,7 @@ class TritonStream:
 
     def send_error(self, code: ErrorCode, message: str) -> None:
         response = pb_utils.InferenceResponse(error=triton_error(code, message))
-        if self._forwarded_and_started:
+        if self._forwarded and self._started:
             # A BLS caller (the `ensemble` model) never receives an error response that follows earlier responses
             # (Triton 2.51's Python backend loses it, and the caller's iterator then waits forever, which holds
             # the server's stop until its exit timeout). A flag-only final arrives; the caller tells why.
