@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml
 		|| echo "note: install Debian's docker-compose to validate docker-compose.yml"
 	touch $(STAMP)
 
+# make serve DECOUPLED=false: one response per request (unary gRPC ModelInfer, HTTP infer); streaming refused.
 serve: $(STAMP)
-	$(BIN)/trtllm-triton serve $(ARGS)
+	$(BIN)/trtllm-triton serve $(if $(DECOUPLED),--decoupled $(DECOUPLED)) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/ruff check .

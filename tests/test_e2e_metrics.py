@@ -110,8 +110,10 @@ def test_finish_reasons_stop_and_error_are_counted(server):
 
 def test_trtllm_engine_fills_every_nvidia_family(tmp_path):
     """Over the fake tensorrt_llm: the stats a real Executor returns reach /metrics under NVIDIA's names."""
+    # The project's config.pbtxt limits are over the fake engine's (a load error): unset, the engine's apply.
     parameters = {"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(tmp_path / "engine")),
-                  "gpt_model_type": "inflight_fused_batching"}
+                  "gpt_model_type": "inflight_fused_batching", "max_input_len": "", "max_output_len": "",
+                  "max_batch_size": ""}
     repository = write_repository(tmp_path / "repository", parameters, ("tensorrt_llm",))
     config = repository / "tensorrt_llm" / "config.pbtxt"  # trtllm_engine refuses the synthetic executor's parameters
     config.write_text(re.sub(r'parameters: \{\s*key: "synthetic_[^"]*"[^}]*\}\s*\}\n', "", config.read_text()))

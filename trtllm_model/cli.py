@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -17,11 +19,15 @@ from .server import (
     DEFAULT_REPOSITORY,
     EXECUTOR_OVERRIDE_ENV,
     ServerOptions,
+    is_ready,
     ports_in_use,
     server_command,
     server_environment,
     wait_until_ready,
 )
+
+# Time for a signal sent to the whole process group to reach tritonserver as well (see stop_gracefully).
+SIGNAL_SETTLE_S = 0.2
 
 
 def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | None = None) -> int:
@@ -53,20 +59,19 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
     def stop_gracefully(signum):
         # Unload the models first, while the server is whole: each ends its open streams with a final response.
         # Stopped with streams still sending, tritonserver 2.51 sometimes aborts (boost lock_exception).
-        unload_models(connect_host, options.http_port)
+        # But a signal to the whole process group (Ctrl-C, systemd) reached tritonserver too, and it is already
+        # stopping: unload requests racing its own stop can leave both waiting until the exit timeout. So look
+        # first (it answers not ready at once when it stops) and only unload a server that is still ready.
+        time.sleep(SIGNAL_SETTLE_S)
+        if is_ready(connect_host, options.http_port):
+            unload_models(connect_host, options.http_port)
         if process.poll() is None:
             process.send_signal(signum)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
     if wait_until_ready(process, connect_host, options.http_port, ready_timeout_s):
-        print(
-            f"\ntrtllm-triton: ready. models: tensorrt_llm, ensemble\n"
-            f"  HTTP     http://{connect_host}:{options.http_port}  (POST /v2/models/ensemble/generate_stream)\n"
-            f"  gRPC     {connect_host}:{options.grpc_port}\n"
-            f"  metrics  http://{connect_host}:{options.metrics_port}/metrics\n",
-            flush=True,
-        )
+        print(ready_banner(connect_host, options), flush=True)
     elif process.poll() is None:
         print(f"trtllm-triton: server not ready after {ready_timeout_s:.0f} s; stopping it", file=sys.stderr)
         process.terminate()
@@ -102,6 +107,29 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
         process.wait()
 
 
+def loaded_models(host: str, http_port: int) -> list[str]:
+    """Names of the models the server has loaded (READY in its repository index)."""
+    request = urllib.request.Request(f"http://{host}:{http_port}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return [model["name"] for model in json.loads(response.read()) if model.get("state") == "READY"]
+
+
+def ready_banner(host: str, options: ServerOptions) -> str:
+    """What `serve` prints once ready: the models actually loaded and where to reach them."""
+    try:
+        models = loaded_models(host, options.http_port)
+    except (OSError, ValueError) as exc:
+        return f"\ntrtllm-triton: ready (could not list the loaded models: {exc})\n"
+    generate = next((name for name in ("ensemble", "tensorrt_llm") if name in models), None)
+    endpoint = f"  (POST /v2/models/{generate}/generate_stream)" if generate else ""
+    return (
+        f"\ntrtllm-triton: ready. models: {', '.join(models) or '(none)'}\n"
+        f"  HTTP     http://{host}:{options.http_port}{endpoint}\n"
+        f"  gRPC     {host}:{options.grpc_port}\n"
+        f"  metrics  http://{host}:{options.metrics_port}/metrics\n"
+    )
+
+
 def unload_models(host: str, http_port: int, settle_s: float = 5.0) -> None:
     """Ask the server to unload every ready model, and wait (bounded) until none is ready."""
     base = f"http://{host}:{http_port}/v2/repository"
@@ -124,6 +152,17 @@ def unload_models(host: str, http_port: int, settle_s: float = 5.0) -> None:
         pass  # the server is already going away: nothing left to do gracefully
 
 
+def repository_copy_with_policy(repository: Path, decoupled: bool) -> Path:
+    """A copy of the repository (in a temporary directory) with every model set to the transaction policy."""
+    from .configure import set_decoupled
+
+    copy = Path(tempfile.mkdtemp(prefix="trtllm-triton-repository-")) / repository.name
+    shutil.copytree(repository, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    set_decoupled(copy, decoupled)
+    print(f"trtllm-triton: serving {copy} (a copy of {repository} with decoupled: {str(decoupled).lower()})")
+    return copy
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trtllm-triton")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -134,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--grpc-port", type=int, default=8001)
     run.add_argument("--metrics-port", type=int, default=8002)
     run.add_argument("--executor", help="override the config's `executor` parameter (e.g. synthetic, transformers)")
+    run.add_argument("--decoupled", choices=("true", "false"),
+                     help="serve the repository's models decoupled (streaming) or not (one response per request, "
+                          "for unary gRPC ModelInfer and HTTP infer); default: as their config.pbtxt says")
     run.add_argument("--log-verbose", type=int, default=0)
     run.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     run.add_argument("--openai-port", type=int, default=9000, help="port of the OpenAI-compatible API (on --host)")
@@ -162,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         urls = [url for value in args.triton_url for url in value.split(",") if url]
         run_openai(urls, args.host, args.port, args.executor, args.log_level)
         return 0
+    repository = args.model_repository.resolve()
+    if args.decoupled is not None:
+        repository = repository_copy_with_policy(repository, args.decoupled == "true")
     options = ServerOptions(
-        model_repository=args.model_repository.resolve(),
+        model_repository=repository,
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,

@@ -94,6 +94,8 @@ class SyntheticExecutor(Executor):
             raise RequestRejected("synthetic_fault: request rejected by the executor")
         if request.beam_width != 1:
             raise RequestRejected("beam_width: the synthetic executor supports only 1", unsupported=True)
+        if request.num_return_sequences != 1:
+            raise RequestRejected("num_return_sequences: the synthetic executor returns one sequence", unsupported=True)
         with self._lock:
             if self._dead:
                 raise ExecutorError(self._dead)
