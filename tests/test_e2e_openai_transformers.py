@@ -114,6 +114,14 @@ def test_seeded_sampling_repeats(client):
     assert runs[0] == runs[1]
 
 
+def test_default_request_samples_as_openai_does(client):
+    # OpenAI's defaults (temperature 1, top_p 1) sample: different seeds give different answers, unlike greedy.
+    story = [{"role": "user", "content": "Tell me a short story about a cat."}]
+    runs = {client.chat.completions.create(model="tensorrt_llm", messages=story, max_tokens=24,
+                                           seed=seed).choices[0].message.content for seed in range(4)}
+    assert len(runs) > 1, runs
+
+
 def test_model_refusal_is_400_naming_the_parameter(client):
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_completion_tokens=5000)

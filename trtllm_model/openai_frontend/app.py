@@ -164,10 +164,13 @@ def _sampling(request: ChatRequest | CompletionRequest, info: ModelInfo, prompt_
         limit = max(1, min(candidates)) if candidates else 16
     prompt_name = "messages" if isinstance(request, ChatRequest) else "prompt"
     logprobs = request.logprobs if isinstance(request, ChatRequest) else request.logprobs is not None
+    # OpenAI samples unless temperature is 0 (its defaults: temperature 1, top_p 1); the model is greedy unless
+    # top_p or top_k is set (NVIDIA's reading), so a sampled request always carries top_p.
+    greedy = request.temperature == 0
     return Sampling(
         max_tokens=limit,
         temperature=request.temperature,
-        top_p=request.top_p,
+        top_p=None if greedy else (1.0 if request.top_p is None else request.top_p),
         seed=request.seed,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
