@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml
 		|| echo "note: npm installs the Prometheus operator's CRD schemas; without them that test skips"
 	touch $(STAMP)
 
+# make serve DECOUPLED=false: one response per request (unary gRPC ModelInfer, HTTP infer); streaming refused.
 serve: $(STAMP)
-	$(BIN)/trtllm-triton serve $(ARGS)
+	$(BIN)/trtllm-triton serve $(if $(DECOUPLED),--decoupled $(DECOUPLED)) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -153,6 +153,8 @@ class SyntheticExecutor(Executor):
                 f"max_tokens: prompt + max_tokens ({len(request.input_ids)} + {request.max_tokens} tokens) needs "
                 f"{self.kv_cache.full_length_blocks(request)} KV-cache blocks; the pool has {self.kv_cache.max_blocks}"
             )
+        if request.num_return_sequences != 1:
+            raise RequestRejected("num_return_sequences: the synthetic executor returns one sequence", unsupported=True)
         with self._lock:
             if self._dead:
                 raise ExecutorError(self._dead)
