@@ -24,6 +24,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from trtllm_model.server import EXIT_TIMEOUT_S
+
 ROOT = Path(__file__).resolve().parent.parent
 KUBERNETES_DIR = ROOT / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.34.0"  # the schema the manifests must satisfy (kubernetes-validate ships 1.25 to 1.37)
@@ -204,7 +206,16 @@ def prestop_timeout_s(container: dict) -> float:
     return float(next(arg.split("=", 1)[1] for arg in command if arg.startswith("--timeout=")))
 
 
-EXIT_TIMEOUT_S = 30  # tritonserver's --exit-timeout-secs: launch_trtllm.sh's EXIT_TIMEOUT_SECS default (and Triton's)
+# tritonserver's --exit-timeout-secs under deploy/launch_trtllm.sh: its EXIT_TIMEOUT_SECS default.
+LAUNCH_EXIT_TIMEOUT_S = int(re.search(r"EXIT_TIMEOUT_SECS:-(\d+)", (ROOT / "deploy" / "launch_trtllm.sh").read_text())[1])
+
+
+def exit_timeout_s(container: dict) -> int:
+    """The --exit-timeout-secs the container's tritonserver runs with: `trtllm-triton serve` sets its own."""
+    if container.get("command", [])[:2] == ["trtllm-triton", "serve"]:
+        return EXIT_TIMEOUT_S
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    return int(env.get("EXIT_TIMEOUT_SECS", LAUNCH_EXIT_TIMEOUT_S))
 
 
 @pytest.mark.parametrize("directory", ["cpu", "gpu", "gpu-multi", "multinode"])
@@ -212,8 +223,7 @@ def test_grace_period_covers_the_drain_and_the_exit_timeout(directory):
     workloads = of_kind("Deployment", directory) + of_kind("LeaderWorkerSet", directory)
     template = pod_templates(workloads[0])[0]
     container = template["spec"]["containers"][0]
-    env = {e["name"]: e.get("value") for e in container.get("env", [])}
-    exit_timeout = int(env.get("EXIT_TIMEOUT_SECS", EXIT_TIMEOUT_S))
+    exit_timeout = exit_timeout_s(container)
     grace = template["spec"]["terminationGracePeriodSeconds"]
     assert grace >= prestop_timeout_s(container) + exit_timeout + 30, (grace, prestop_timeout_s(container), exit_timeout)
 
