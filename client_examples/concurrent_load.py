@@ -4,6 +4,14 @@
 
 Each stream is its own gRPC client and stream (tritonclient allows one stream per client) running requests one
 after another. Tokens are counted from `num_output_tokens` (the server's running count for the request).
+
+Several replicas: `--url host1:8001,host2:8001` spreads the streams over them, stream i to address i mod n
+(client-side balancing: a gRPC stream is one long-lived HTTP/2 call, so a connection-level balancer such as a
+Kubernetes ClusterIP Service would send all of one client's streams to one replica). On Kubernetes, list the pods
+behind the headless Service (docs/kubernetes.md):
+
+    .venv/bin/python client_examples/concurrent_load.py \
+        --url "$(getent ahostsv4 trtllm-triton-cpu-grpc | awk '{print $1":8001"}' | sort -u | paste -sd,)"
 """
 
 from __future__ import annotations
@@ -50,7 +58,8 @@ def scalar(name: str, value, datatype: str, dtype) -> grpcclient.InferInput:
 
 def run_stream(index: int, args: argparse.Namespace, stats: StreamStats) -> None:
     responses: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(args.url)
+    urls = args.url.split(",")
+    client = grpcclient.InferenceServerClient(urls[index % len(urls)])
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
         for number in range(args.requests):
@@ -99,7 +108,7 @@ def percentile(values: list[float], share: float) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default="localhost:8001")
+    parser.add_argument("--url", default="localhost:8001", help="gRPC address; several, comma-separated: one per replica")
     parser.add_argument("--model", default="ensemble")
     parser.add_argument("--streams", type=int, default=8, help="concurrent streams (default 8)")
     parser.add_argument("--requests", type=int, default=2, help="requests per stream, one after another (default 2)")

@@ -15,6 +15,11 @@
 #   TRTLLM_ORCHESTRATOR 1: one tritonserver spawns the workers itself (no mpirun)
 #   CONFIGURE_SETS      extra "key=value key=value" for the template (e.g. "kv_cache_free_gpu_mem_fraction=0.9")
 #   HTTP_PORT GRPC_PORT METRICS_PORT (8000 8001 8002), MODEL_REPOSITORY (/tmp/model_repository)
+#   EXIT_TIMEOUT_SECS   tritonserver's --exit-timeout-secs (30): how long a stop waits for the models to unload;
+#                       keep Kubernetes' terminationGracePeriodSeconds above preStop time + this (docs/kubernetes.md)
+#   CONFIGURE_ONLY=1    write the model repository and exit (a multi-node worker: mpirun starts its ranks)
+#   MPI_HOSTS           multi-node leader mode: mpirun's --host list, e.g. "leader:4,worker-1:4" (ranks fill the
+#                       hosts in order); unset: every rank on this host
 #   PYTHON (python3), PTH_DIR (that Python's site-packages: where the .pth file goes)
 set -euo pipefail
 
@@ -52,9 +57,11 @@ case "$executor" in
 esac
 for assignment in ${CONFIGURE_SETS:-}; do sets+=(--set "$assignment"); done
 PYTHONPATH="$package_root" "$python" -m trtllm_model.configure --executor "$executor" --output "$repository" --force "${sets[@]}"
+if [ "${CONFIGURE_ONLY:-0}" = 1 ]; then exit 0; fi
 
 serving=(--http-port="$http_port" --grpc-port="$grpc_port" --metrics-port="$metrics_port"
-         --allow-metrics=true --model-control-mode=explicit '--load-model=*')
+         --allow-metrics=true --model-control-mode=explicit '--load-model=*'
+         --exit-timeout-secs="${EXIT_TIMEOUT_SECS:-30}")
 
 if [ "$executor" = trtllm_engine ] && [ "$world_size" -gt 1 ] && [ "${TRTLLM_ORCHESTRATOR:-0}" != 1 ]; then
   # Leader mode: one tritonserver per rank. Rank 0 serves; the others only load the model (their executor
@@ -71,7 +78,9 @@ if [ "$executor" = trtllm_engine ] && [ "$world_size" -gt 1 ] && [ "${TRTLLM_ORC
               --model-control-mode=explicit --load-model=tensorrt_llm)
     fi
   done
-  exec mpirun --allow-run-as-root "${ranks[@]}"
+  hosts=()
+  if [ -n "${MPI_HOSTS:-}" ]; then hosts=(--host "$MPI_HOSTS"); fi
+  exec mpirun --allow-run-as-root "${hosts[@]}" "${ranks[@]}"
 fi
 
 exec tritonserver --model-repository="$repository" "${serving[@]}"

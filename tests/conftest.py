@@ -95,12 +95,17 @@ def start_server(
     expect_ready: bool = True,
     server_args: list[str] | None = None,
     cwd: Path | None = None,
+    openai_port: int | None = None,
+    serve_args: list[str] | None = None,
+    new_session: bool = False,
 ) -> Server:
     """Start `trtllm-triton serve` on free ports; returns once every model is ready (or raises with the log).
 
-    `server_args` go to tritonserver itself (after `--`), after any in $TRITON_SERVER_ARGS (space-separated flags
-    a host needs for every server, e.g. bench/gpu/probe_outputs.py's choice on a GPU host); `cwd` is the server's
-    working directory."""
+    `serve_args` go to `trtllm-triton serve`, `server_args` to tritonserver itself (after `--`), after any in
+    $TRITON_SERVER_ARGS (space-separated flags a host needs for every server, e.g. bench/gpu/probe_outputs.py's
+    choice on a GPU host); `cwd` is the server's working directory; `new_session` starts it in its own process
+    group, as a terminal or systemd would; the OpenAI frontend runs only with an `openai_port`
+    (tests/test_e2e_openai*.py wait for it themselves)."""
     server_args = [*os.environ.get("TRITON_SERVER_ARGS", "").split(), *(server_args or [])]
     workdir.mkdir(parents=True, exist_ok=True)
     if repository is None:
@@ -114,12 +119,15 @@ def start_server(
     ]
     if executor:
         command.append(f"--executor={executor}")
+    command.append("--no-openai" if openai_port is None else f"--openai-port={openai_port}")
+    command += serve_args or []
     if server_args:
         command += ["--", *server_args]
     environment = dict(os.environ)
     environment.update(env or {})
     with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment, cwd=cwd)
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment, cwd=cwd,
+                                   start_new_session=new_session)
     server = Server(process, http_port, grpc_port, metrics_port, log_path, repository)
     if not expect_ready:
         return server
@@ -138,5 +146,13 @@ def start_server(
 def synthetic_server(tmp_path_factory):
     """One server with the synthetic executor (10 ms steps) shared by the end-to-end tests that don't stop it."""
     server = start_server(tmp_path_factory.mktemp("synthetic"), executor="synthetic")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def unary_server(tmp_path_factory):
+    """The synthetic executor served non-decoupled (`serve --decoupled false`): one response per request."""
+    server = start_server(tmp_path_factory.mktemp("unary"), executor="synthetic", serve_args=["--decoupled", "false"])
     yield server
     server.stop()

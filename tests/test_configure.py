@@ -35,7 +35,18 @@ def test_templates_have_the_project_models_inputs_and_outputs(template):
     project = io_section((DEFAULT_REPOSITORY / "tensorrt_llm" / "config.pbtxt").read_text())
     assert io_section(template) == project, (
         "templates/*/config.pbtxt: copy the input/output list of model_repository/tensorrt_llm/config.pbtxt")
-    assert "decoupled: true" in template
+    assert "decoupled: ${decoupled_mode}" in template
+
+
+def test_decoupled_flag_sets_both_models_policy(tmp_path):
+    engine_dir = make_engine_dir(tmp_path / "engine")
+    base = ["--executor", "trtllm_engine", "--set", f"gpt_model_path={engine_dir}"]
+    assert main([*base, "--output", str(tmp_path / "default")]) == 0
+    assert main([*base, "--output", str(tmp_path / "unary"), "--decoupled", "false"]) == 0
+    for model in ("tensorrt_llm", "ensemble"):
+        assert "{ decoupled: true }" in (tmp_path / "default" / model / "config.pbtxt").read_text()
+        assert "{ decoupled: false }" in (tmp_path / "unary" / model / "config.pbtxt").read_text()
+    assert main([*base, "--output", str(tmp_path / "x"), "--decoupled", "false", "--set", "decoupled_mode=true"]) == 2
 
 
 def test_render_fills_given_keys_defaults_and_leaves_the_rest_unset():
@@ -108,6 +119,7 @@ def test_configured_engine_repository_loads_and_streams(tmp_path):
     try:
         result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([3, 4], 6))
         assert result.errors == [] and result.tokens() == fake_tokens([4], 6) and result.finals == 1
+        assert "trtllm-triton: ready. models: tensorrt_llm\n" in server.log()  # --no-ensemble: no ensemble listed
     finally:
         server.stop()
 
@@ -123,5 +135,7 @@ def test_configured_llmapi_repository_with_ensemble_loads_and_streams(tmp_path):
     try:
         result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1000], 5))
         assert result.errors == [] and result.tokens() == fake_tokens([1000], 5) and result.finals == 1
+        assert "trtllm-triton: ready. models: ensemble, tensorrt_llm\n" in server.log()
+        assert "POST /v2/models/ensemble/generate_stream" in server.log()
     finally:
         server.stop()

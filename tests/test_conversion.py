@@ -8,9 +8,11 @@ import pytest
 from trtllm_model.conversion import (
     InvalidInput,
     Limits,
+    ResponseContent,
     parameters_dict,
     parse_request,
     response_outputs,
+    split_batch,
     words_from_offsets,
     words_to_offsets,
 )
@@ -43,8 +45,38 @@ def test_token_request_maps_nvidia_names():
     assert parsed.return_log_probs and not parsed.text_mode
 
 
+@pytest.mark.parametrize(
+    "top_k, top_p, expected",
+    [
+        (None, None, (1, None)),  # TensorRT-LLM's defaults (top_k 0, top_p 0): greedy
+        (1, 0.0, (1, None)),  # NVIDIA's client's defaults: greedy
+        (0, 0.0, (1, None)),
+        (0, -1.0, (1, None)),  # NVIDIA's model drops top_p <= 0
+        (0, 0.9, (None, pytest.approx(0.9))),  # top-p sampling
+        (40, 0.0, (40, None)),  # top-k sampling
+        (40, 0.5, (40, pytest.approx(0.5))),
+    ],
+)
+def test_top_k_top_p_read_as_nvidia_does(top_k, top_p, expected):
+    extra = {}
+    if top_k is not None:
+        extra["runtime_top_k"] = np.array([[top_k]], np.int32)
+    if top_p is not None:
+        extra["runtime_top_p"] = np.array([[top_p]], np.float32)
+    g = parse(tokens([1], **extra)).generation
+    assert (g.top_k, g.top_p) == expected
+
+
+def test_zero_beam_width_and_sequences_mean_one_as_nvidia_reads_them():
+    g = parse(tokens([1], beam_width=np.array([[0]], np.int32), num_return_sequences=np.array([[0]], np.int32))).generation
+    assert (g.beam_width, g.num_return_sequences) == (1, 1)
+    assert parse(tokens([1], end_id=np.array([[-1]], np.int32))).generation.end_id == -1  # no end token
+
+
 def test_input_lengths_truncates_the_padded_prompt():
     assert parse(tokens([1, 2, 0, 0], input_lengths=np.array([[2]], np.int32))).generation.input_ids == [1, 2]
+    # Longer than the ids given: all of them (NVIDIA's model slices), not an error.
+    assert parse(tokens([1, 2], input_lengths=np.array([[9]], np.int32))).generation.input_ids == [1, 2]
 
 
 @pytest.mark.parametrize(
@@ -59,17 +91,16 @@ def test_input_lengths_truncates_the_padded_prompt():
         (tokens([1, -3]), "input_ids: token id -3"),
         (tokens([1], temperature=np.array([[-1.0]], np.float32)), "temperature"),
         (tokens([1], temperature=np.array([[np.nan]], np.float32)), "temperature"),
-        (tokens([1], runtime_top_p=np.array([[0.0]], np.float32)), "runtime_top_p"),
         (tokens([1], runtime_top_p=np.array([[1.5]], np.float32)), "runtime_top_p"),
         (tokens([1], runtime_top_k=np.array([[-1]], np.int32)), "runtime_top_k"),
         (tokens([1], repetition_penalty=np.array([[0.0]], np.float32)), "repetition_penalty"),
-        (tokens([1], beam_width=np.array([[0]], np.int32)), "beam_width"),
+        (tokens([1], beam_width=np.array([[-1]], np.int32)), "beam_width"),
+        (tokens([1], num_return_sequences=np.array([[-1]], np.int32)), "num_return_sequences"),
         (tokens([1], stop_words_list=np.array([[[1, 2], [3, -1]]], np.int32)), "stop_words_list"),
         (tokens([1], bad_words_list=np.array([[1, 2, 3]], np.int32)), "bad_words_list"),
         (tokens([1], top_k=np.array([[1]], np.int32), runtime_top_k=np.array([[1]], np.int32)), "give only one"),
         (tokens([1], streaming=np.array([[1]], np.int32)), "streaming"),
         (tokens([1], request_output_len=np.array([[1, 2]], np.int32)), "request_output_len"),
-        ({"input_ids": np.array([[1], [2]], np.int32), "request_output_len": np.array([[1], [1]], np.int32)}, "batch size 2"),
         ({**tokens([1]), "text_input": np.array([[b"hi"]], np.object_)}, "text_input and input_ids"),
     ],
 )
@@ -123,10 +154,29 @@ def test_stop_request_only_cancels():
 
 def test_response_outputs_shapes():
     parsed = parse(tokens([1, 2], return_log_probs=np.array([[True]])))
-    out = response_outputs(parsed, [5, 6], None, [-0.1, -0.2], -0.3, None, 2)
+    out = response_outputs(parsed, ResponseContent([[5, 6]], log_probs=[[-0.1, -0.2]], cum_log_probs=[-0.3]))
     assert out["output_ids"].shape == (1, 1, 2) and out["output_ids"].dtype == np.int32
     assert out["sequence_length"].tolist() == [[2]]
-    assert out["output_log_probs"].shape == (1, 1, 2)
-    beams = response_outputs(parsed, [], None, None, None, None, 3, beams=[[1, 2, 3], [4]])
+    assert out["output_log_probs"].shape == (1, 1, 2) and out["cum_log_probs"].shape == (1, 1)
+    beams = response_outputs(parsed, ResponseContent([[1, 2, 3], [4]], log_probs=[[-1.0, -1.0, -1.0], [-2.0]],
+                                                     cum_log_probs=[-3.0, -2.0]))
     assert beams["output_ids"].tolist() == [[[1, 2, 3], [4, -1, -1]]]
     assert beams["sequence_length"].tolist() == [[3, 1]]
+    assert beams["output_log_probs"].shape == (1, 2, 3) and beams["cum_log_probs"].tolist() == [[-3.0, -2.0]]
+
+
+def test_a_batched_request_splits_into_one_per_sequence():
+    tensors = {"input_ids": np.array([[1, 2, 0], [3, 4, 5]], np.int32), "input_lengths": np.array([[2], [3]], np.int32),
+               "request_output_len": np.array([[4], [6]], np.int32)}
+    parts = [parse(part).generation for part in split_batch(tensors)]
+    assert [(g.input_ids, g.max_tokens) for g in parts] == [([1, 2], 4), ([3, 4, 5], 6)]
+    with pytest.raises(InvalidInput, match="request_output_len: batch size 1, but input_ids has a batch of 2"):
+        split_batch({**tensors, "request_output_len": np.array([[4]], np.int32)})
+
+
+def test_text_output_is_one_string_per_beam():
+    parsed = parse({"text_input": np.array([[b"hi"]], np.object_), "max_tokens": np.array([[2]], np.int32)},
+                   tokenizer=SyntheticTokenizer())
+    assert response_outputs(parsed, ResponseContent([[5]], texts=["ab"]))["text_output"].tolist() == [b"ab"]
+    two = response_outputs(parsed, ResponseContent([[5], [6]], texts=["ab", "cd"]))["text_output"]
+    assert two.shape == (2,)

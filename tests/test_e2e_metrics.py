@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import re
-import shutil
 import time
 
 import numpy as np
 import pytest
-from conftest import start_server, write_repository
+from conftest import start_server
 from prometheus_text import scrape
 from triton_client import StreamClient, token_inputs
-from trtllm_support import FAKES_DIR, make_engine_dir
+from trtllm_support import fake_engine_repository
 
 pytestmark = pytest.mark.e2e
 
@@ -110,13 +108,7 @@ def test_finish_reasons_stop_and_error_are_counted(server):
 
 def test_trtllm_engine_fills_every_nvidia_family(tmp_path):
     """Over the fake tensorrt_llm: the stats a real Executor returns reach /metrics under NVIDIA's names."""
-    parameters = {"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(tmp_path / "engine")),
-                  "gpt_model_type": "inflight_fused_batching"}
-    repository = write_repository(tmp_path / "repository", parameters, ("tensorrt_llm",))
-    config = repository / "tensorrt_llm" / "config.pbtxt"  # trtllm_engine refuses the synthetic executor's parameters
-    config.write_text(re.sub(r'parameters: \{\s*key: "synthetic_[^"]*"[^}]*\}\s*\}\n', "", config.read_text()))
-    # The stub ignores PYTHONPATH but puts the version directory on sys.path: the fake package goes there.
-    shutil.copytree(FAKES_DIR / "tensorrt_llm", repository / "tensorrt_llm" / "1" / "tensorrt_llm")
+    repository = fake_engine_repository(tmp_path)
     server = start_server(tmp_path, executor="trtllm_engine", env={"FAKE_TRTLLM_STEP_MS": "2"}, repository=repository)
     try:
         run_requests(server, [(token_inputs([i + 1, 2], 8), None) for i in range(4)])

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.e2e
 # The project repository's synthetic-only parameters; other executors reject them as unknown.
 SYNTHETIC_PARAMETER = re.compile(r'parameters: \{\s*key: "synthetic_\w+"\s*value: \{ string_value: "[^"]*" \}\s*\}\n')
 FAKE_ENVIRONMENT = {"FAKE_TRTLLM_STEP_MS": "2"}
+UNSET_LIMITS = {"max_input_len": "", "max_output_len": "", "max_batch_size": ""}
 
 
 def repository_with_fake(workdir: Path, parameters: dict[str, str], models: tuple[str, ...]) -> Path:
@@ -39,8 +40,11 @@ def repository_with_fake(workdir: Path, parameters: dict[str, str], models: tupl
 def engine_server(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("trtllm_engine")
     engine_dir = make_engine_dir(workdir / "engine")
+    # The project's config.pbtxt limits (4096 tokens in, 32 requests) are over this engine's: unset, the engine's
+    # own limits apply (max_input_len 256, max_seq_len 4096, max_batch_size 8).
     parameters = {"executor": "trtllm_engine", "gpt_model_path": str(engine_dir), "max_beam_width": "2",
-                  "kv_cache_free_gpu_mem_fraction": "0.9", "gpt_model_type": "inflight_fused_batching"}
+                  "kv_cache_free_gpu_mem_fraction": "0.9", "gpt_model_type": "inflight_fused_batching",
+                  **UNSET_LIMITS}
     repository = repository_with_fake(workdir, parameters, ("tensorrt_llm",))
     server = start_server(workdir, executor="trtllm_engine", env=FAKE_ENVIRONMENT, repository=repository)
     yield server
@@ -64,7 +68,7 @@ def finish_reasons(result) -> list[str]:
 
 
 def assert_cancel_with_stop_ends_the_stream(server) -> None:
-    """NVIDIA's `stop` input (same request id, stop=True) cancels a long request; its stream ends CANCELLED."""
+    """NVIDIA's `stop` input (same request id, stop=True) cancels a long request; its stream ends normally."""
     streams, stopper = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
     try:
         long = streams.send("tensorrt_llm", token_inputs([1000], 4000), "long-request")
@@ -79,7 +83,7 @@ def assert_cancel_with_stop_ends_the_stream(server) -> None:
         stopper.close()
     tokens = long.tokens()
     assert 0 < len(tokens) < 4000 and tokens == fake_tokens([1000], len(tokens))
-    assert long.finals == 1 and any("cancel" in error for error in long.errors)
+    assert long.finals == 1 and long.errors == []  # a stopped request ends normally, as in NVIDIA's model
 
 
 def _stop():
@@ -106,8 +110,51 @@ def test_engine_non_streaming_with_the_prompt(engine_server):
 def test_engine_end_id_and_engine_errors_reach_the_client(engine_server):
     ended = stream_once(engine_server.grpc_url, "tensorrt_llm", token_inputs([40], 50, end_id=(44, np.int32)))
     assert ended.tokens() == [41, 42, 43] and ended.errors == []
-    too_long = stream_once(engine_server.grpc_url, "tensorrt_llm", token_inputs(list(range(1, 300)), 4))
-    assert too_long.finals == 1 and any("maximum input length" in error for error in too_long.errors)
+    # A bias of the wrong length passes our checks; the engine refuses it with its own error.
+    biased = stream_once(engine_server.grpc_url, "tensorrt_llm",
+                         token_inputs([40], 4, embedding_bias=([1.0, 0.0], np.float32)))
+    assert biased.finals == 1 and any("vocab size is 32000" in error for error in biased.errors)
+
+
+def assert_limits_refuse_with_invalid_arg(server, refused: dict[str, list], expected: dict[str, str]) -> None:
+    """Each request past a limit ends with one INVALID_ARG final naming the field and both numbers (the engine
+    would have answered otherwise: its own error, or silently fewer tokens); the server serves on."""
+    for name, inputs in refused.items():
+        result = stream_once(server.grpc_url, "tensorrt_llm", inputs)
+        assert result.finals == 1 and result.tokens() == [], f"{name}: {result.errors}"
+        assert result.errors == [f"INVALID_ARG: {expected[name]}"], name
+    served = stream_once(server.grpc_url, "tensorrt_llm", token_inputs(list(range(1, 101)), 8))
+    assert served.errors == [] and served.tokens() == fake_tokens([100], 8)
+
+
+def test_engine_build_limits_refuse_before_enqueue(engine_server):
+    # make_engine_dir's engine: max_input_len 256, max_seq_len 4096; the config's max_beam_width is 2.
+    assert_limits_refuse_with_invalid_arg(
+        engine_server,
+        {"prompt": token_inputs(list(range(1, 258)), 4),
+         "sequence": token_inputs(list(range(1, 101)), 3997),
+         "beams": token_inputs([10], 3, beam_width=(3, np.int32))},
+        {"prompt": "input_ids: prompt of 257 tokens is over max_input_len=256",
+         "sequence": "request_output_len=3997: with the prompt's 100 tokens that is 4097, over max_seq_len=4096",
+         "beams": "beam_width=3: over max_beam_width=2"},
+    )
+
+
+def test_engine_banner_lists_only_the_loaded_model(engine_server):
+    # The repository holds tensorrt_llm alone (as `configure --no-ensemble` writes it).
+    log = engine_server.log()
+    assert "trtllm-triton: ready. models: tensorrt_llm\n" in log
+    assert "POST /v2/models/tensorrt_llm/generate_stream" in log and "ensemble" not in log
+
+
+def test_config_limit_over_the_engine_fails_the_load_naming_both(tmp_path):
+    engine_dir = make_engine_dir(tmp_path / "engine", max_input_len=256)
+    parameters = {"executor": "trtllm_engine", "gpt_model_path": str(engine_dir), "max_input_len": "4096"}
+    repository = repository_with_fake(tmp_path, parameters, ("tensorrt_llm",))
+    server = start_server(tmp_path / "server", executor="trtllm_engine", env=FAKE_ENVIRONMENT,
+                          repository=repository, expect_ready=False)
+    assert server.process.wait(120) != 0
+    assert "parameter max_input_len=4096 is larger than max_input_len=256, what the engine in" in server.log()
 
 
 def test_engine_beams_arrive_whole(engine_server):
@@ -122,7 +169,8 @@ def test_engine_cancel_with_stop(engine_server):
 
 
 def test_engine_death_ends_every_stream_and_the_model_stops_being_ready(tmp_path):
-    parameters = {"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(tmp_path / "engine"))}
+    parameters = {"executor": "trtllm_engine", "gpt_model_path": str(make_engine_dir(tmp_path / "engine")),
+                  **UNSET_LIMITS}
     repository = repository_with_fake(tmp_path, parameters, ("tensorrt_llm",))
     server = start_server(tmp_path / "server", executor="trtllm_engine", repository=repository,
                           env={**FAKE_ENVIRONMENT, "FAKE_TRTLLM_FATAL_TOKEN": "666"})
@@ -159,3 +207,13 @@ def test_llmapi_text_with_the_llm_tokenizer(llmapi_server):
 
 def test_llmapi_cancel_with_stop(llmapi_server):
     assert_cancel_with_stop_ends_the_stream(llmapi_server)
+
+
+def test_llmapi_limits_refuse_before_enqueue(llmapi_server):
+    # The checkpoint's max_position_embeddings is 4096; LLM(max_beam_width) is left at its default, 1.
+    assert_limits_refuse_with_invalid_arg(
+        llmapi_server,
+        {"sequence": token_inputs(list(range(1, 101)), 3997), "beams": token_inputs([10], 3, beam_width=(2, np.int32))},
+        {"sequence": "request_output_len=3997: with the prompt's 100 tokens that is 4097, over max_seq_len=4096",
+         "beams": "beam_width=2: over max_beam_width=1"},
+    )

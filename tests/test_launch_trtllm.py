@@ -70,3 +70,16 @@ def test_llmapi_and_a_bad_setting(tmp_path, stand_ins):
     assert 'string_value: "/checkpoint/qwen"' in (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     failed = launch(tmp_path, stand_ins, CONFIGURE_SETS="gpt_model_pth=/x")
     assert failed.returncode != 0 and "unknown key" in failed.stderr and "tritonserver" not in failed.stdout
+
+
+def test_exit_timeout_multinode_hosts_and_configure_only(tmp_path, stand_ins):
+    done = launch(tmp_path, stand_ins, WORLD_SIZE="2", EXIT_TIMEOUT_SECS="45", MPI_HOSTS="leader:1,worker-1:1")
+    assert done.returncode == 0, done.stderr
+    command = done.stdout.strip().splitlines()[-1]
+    assert command.startswith("mpirun --allow-run-as-root --host leader:1,worker-1:1 -n 1 tritonserver")
+    assert "--exit-timeout-secs=45" in command.split(" : ")[0]
+    single = launch(tmp_path, stand_ins)
+    assert "--exit-timeout-secs=30" in single.stdout.strip().splitlines()[-1].split()
+    only = launch(tmp_path, stand_ins, CONFIGURE_ONLY="1", MODEL_REPOSITORY=str(tmp_path / "worker-repo"))
+    assert only.returncode == 0 and "tritonserver" not in only.stdout and "mpirun" not in only.stdout
+    assert (tmp_path / "worker-repo" / "tensorrt_llm" / "config.pbtxt").exists()

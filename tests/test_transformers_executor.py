@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 import torch
 
@@ -329,3 +330,26 @@ def test_after_shutdown_await_is_quiet_and_enqueue_fails(loaded, prompts):
     assert executor.await_steps(0.01) == [] and executor.health_error() is None
     with pytest.raises(ExecutorError, match="shut down"):
         executor.enqueue(greedy(prompts[0]))
+
+
+def test_logits_are_the_models_own(executor, loaded, prompts):
+    """NVIDIA's return_context_logits / return_generation_logits: the model's raw logits, greedy picks their argmax."""
+    prompt = prompts[0]
+    request_id = executor.enqueue(greedy(prompt, 3, return_context_logits=True, return_generation_logits=True,
+                                         return_perf_metrics=True))
+    steps, deadline = [], time.monotonic() + 120
+    while not (steps and steps[-1].is_final):
+        assert time.monotonic() < deadline
+        steps += [step for step in executor.await_steps(1.0) if step.request_id == request_id]
+    context = [s.context_logits for s in steps if s.context_logits is not None]
+    generation = [s.generation_logits for s in steps if s.generation_logits is not None]
+    tokens = [t for s in steps for t in s.token_ids]
+    with torch.inference_mode():
+        reference = loaded.model(input_ids=torch.tensor([prompt])).logits[0].float().numpy()
+    assert len(context) == 1 and context[0].shape == reference.shape
+    assert np.allclose(context[0], reference, atol=1e-3)
+    assert [g.shape for g in generation] == [(1, 1, reference.shape[1])] * len(tokens)
+    assert [int(g[0, 0].argmax()) for g in generation] == tokens
+    assert np.allclose(generation[0][0, 0], reference[-1], atol=1e-2)  # the first token's logits: the prompt's last
+    # return_perf_metrics: the cache slots (one token each) the request holds.
+    assert steps[-1].kv_cache_alloc_total_blocks == len(prompt) + len(tokens) and steps[-1].kv_cache_reused_blocks == 0

@@ -344,3 +344,55 @@ def test_an_engine_that_shuts_itself_down_is_reported_dead(tle, tmp_path, monkey
             created.enqueue(GenerationRequest([5], 2))
     finally:
         created.shutdown()
+
+
+def test_lora_logits_and_perf_metrics_map_onto_the_request(tle):
+    import numpy as np
+
+    weights, config = np.ones((2, 8), np.float16), np.array([[1, 0, 4], [2, 0, 4]], np.int32)
+    request = GenerationRequest([1], 4, lora_task_id=7, lora_weights=weights, lora_config=config,
+                                return_context_logits=True, return_generation_logits=True, return_perf_metrics=True)
+    trt = to_trt_request(tle, request)
+    assert trt.lora_config.task_id == 7 and trt.lora_config.weights.shape == (2, 8)
+    assert trt.lora_config.config.tolist() == config.tolist()
+    out = trt.output_config
+    assert out.return_context_logits and out.return_generation_logits and out.return_perf_metrics
+    cached = to_trt_request(tle, GenerationRequest([1], 4, lora_task_id=7))  # the engine's cache holds the adapter
+    assert cached.lora_config.task_id == 7 and cached.lora_config.weights is None
+    assert to_trt_request(tle, GenerationRequest([1], 4)).lora_config is None
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_logits_and_kv_blocks_reach_the_step(executor, streaming):
+    request_id = executor.enqueue(GenerationRequest([3, 4], 3, streaming=streaming, return_context_logits=True,
+                                                    return_generation_logits=True, return_perf_metrics=True))
+    steps = collect_until_final(executor, {request_id})
+    context = [s.context_logits for s in steps if s.context_logits is not None]
+    assert len(context) == len(steps) and context[0].shape == (2, 1000)
+    generation = [s.generation_logits for s in steps if s.generation_logits is not None]
+    tokens = [t for s in steps for t in s.token_ids]
+    # [beams, tokens, vocab] whatever the engine's streaming layout; the fake puts 1.0 at each generated token.
+    assert all(g.shape[0] == 1 and g.shape[2] == 1000 for g in generation)
+    assert [int(i) for g in generation for i in g[0].argmax(axis=-1)] == tokens
+    assert steps[-1].kv_cache_alloc_total_blocks == 1 and steps[-1].kv_cache_reused_blocks == 0
+
+
+def test_guided_decoding_maps_onto_the_executor_and_the_request(tle):
+    from trtllm_model.embedded.model_loading import load_tokenizer
+    from trtllm_model.executors.trtllm_mapping import executor_config
+
+    tokenizer = load_tokenizer()
+    params = Params({"guided_decoding_backend": "xgrammar"}, accepted=["guided_decoding_backend"])
+    guided = executor_config(tle, params, tokenizer=tokenizer).guided_decoding_config
+    assert guided.backend is tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR
+    assert len(guided.encoded_vocab) == len(tokenizer.get_vocab())
+    assert [tokenizer.convert_tokens_to_ids(t) for t in guided.encoded_vocab[:50]] == list(range(50))
+    assert guided.stop_token_ids == [tokenizer.eos_token_id] and guided.tokenizer_str.startswith("{")
+    assert executor_config(tle, Params({})).guided_decoding_config is None
+    with pytest.raises(ConfigError, match="tokenizer_dir"):
+        executor_config(tle, params)
+    trt = to_trt_request(tle, GenerationRequest([1], 4, guided_decoding_type="json_schema",
+                                                guided_decoding_guide='{"type": "object"}'))
+    assert trt.guided_decoding_params.guide_type is tle.GuidedDecodingParams.GuideType.JSON_SCHEMA
+    assert trt.guided_decoding_params.guide == '{"type": "object"}'
+    assert to_trt_request(tle, GenerationRequest([1], 4, guided_decoding_type="json")).guided_decoding_params.guide is None

@@ -95,6 +95,31 @@ def test_executor_needs_config_json_and_a_rank_engine(tle, tmp_path):
         tle.Executor(str(tmp_path / "e"), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig())
 
 
+def test_older_builder_layout_loads_with_its_engine_file_name(tle, tmp_path):
+    directory = make_engine_dir(tmp_path / "old", vocab_size=500, max_input_len=64, max_seq_len=128,
+                                layout="builder_config")
+    executor = tle.Executor(str(directory), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig())
+    try:
+        assert (executor.vocab_size, executor.max_input_len, executor.max_seq_len) == (500, 64, 128)
+    finally:
+        executor.shutdown()
+    (directory / "llama_float16_tp1_rank0.engine").unlink()
+    with pytest.raises(RuntimeError, match="llama_float16_tp1_rank0.engine"):
+        tle.Executor(str(directory), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig())
+
+
+def test_engine_cuts_max_tokens_to_what_max_seq_len_leaves(tle, tmp_path):
+    # The real executor warns and generates fewer tokens: only a check before enqueue can tell the client.
+    directory = make_engine_dir(tmp_path / "e", max_input_len=64, max_seq_len=70)
+    executor = tle.Executor(str(directory), tle.ModelType.DECODER_ONLY, tle.ExecutorConfig())
+    try:
+        request_id = executor.enqueue_request(tle.Request(list(range(1, 61)), 50, streaming=False))
+        final = responses_until_final(executor, request_id)[-1]
+        assert not final.has_error() and len(final.result.output_token_ids[0]) == 60 + 10
+    finally:
+        executor.shutdown()
+
+
 def test_no_gpu_makes_the_import_fail_like_the_real_package(monkeypatch):
     use_fake_tensorrt_llm(monkeypatch)
     monkeypatch.setenv("FAKE_TRTLLM_GPU", "0")
@@ -208,3 +233,17 @@ def test_llm_streams_diffs_and_abort_ends_cancelled(llm_module, tmp_path):
         llm.shutdown()
     assert diffs == [[1001], [1002], [1003]]
     assert cancelled == ("cancelled", [], True)
+
+
+def test_llm_args_hold_the_resolved_limits_and_generate_async_enforces_them(monkeypatch, tmp_path):
+    use_fake_tensorrt_llm(monkeypatch)
+    trtllm = importlib.import_module("tensorrt_llm")
+    llm = trtllm.LLM(str(make_checkpoint_dir(tmp_path, max_position_embeddings=300)), max_num_tokens=100)
+    try:
+        assert (llm.args.max_num_tokens, llm.args.max_beam_width, llm.args.max_seq_len) == (100, 1, None)
+        with pytest.raises(ValueError, match=r"should not exceed max_num_tokens \(100\)"):
+            llm.generate_async([1] * 101, trtllm.SamplingParams(max_tokens=1), streaming=True)
+        with pytest.raises(ValueError, match=r"max_seq_len \(300\)"):
+            llm.generate_async([1] * 50, trtllm.SamplingParams(max_tokens=251), streaming=True)
+    finally:
+        llm.shutdown()

@@ -55,7 +55,7 @@ def trtllm(monkeypatch):
 
 @pytest.fixture
 def executor(trtllm, tmp_path):
-    created, _ = create_executor({"executor": "trtllm_llmapi", "max_beam_width": "2",
+    created, _ = create_executor({"executor": "trtllm_llmapi", "max_beam_width": "2", "max_batch_size": "8",
                                   "hf_model_path": str(make_checkpoint_dir(tmp_path / "model", vocab_size=5000))})
     yield created
     created.shutdown()
@@ -99,7 +99,7 @@ def test_kv_cache_parameters_reach_the_llm(trtllm, tmp_path):
     created, _ = create_executor({"executor": "trtllm_llmapi", "hf_model_path": str(make_checkpoint_dir(tmp_path)),
                                   "kv_cache_free_gpu_mem_fraction": "0.6"})
     try:
-        assert created._llm.args["kv_cache_config"].free_gpu_memory_fraction == 0.6
+        assert created._llm.args.kv_cache_config.free_gpu_memory_fraction == 0.6
     finally:
         created.shutdown()
 
@@ -310,3 +310,33 @@ def test_shutdown_ends_live_requests(executor):
     steps = executor.await_steps(0.01)
     assert steps and steps[-1].request_id == request_id and steps[-1].is_final
     assert steps[-1].finish_reason is FinishReason.CANCELLED
+
+
+def test_beam_log_probs_come_for_every_beam():
+    from trtllm_model.executors.trtllm_llmapi_mapping import OutputState, steps_from_output
+
+    class Completion:
+        def __init__(self, index, tokens, log_probs):
+            self.index, self.token_ids, self.logprobs = index, tokens, log_probs
+            self.cumulative_logprob, self.finish_reason, self.stop_reason = sum(log_probs), "length", None
+
+    class Output:
+        finished = True
+        outputs = [Completion(0, [5, 6], [-0.5, -0.25]), Completion(1, [5, 7], [-0.5, -1.0])]
+
+    [step] = steps_from_output(1, Output(), OutputState(beam_search=True, want_log_probs=True))
+    assert step.beams == [[5, 6], [5, 7]] and step.is_final
+    assert step.beam_log_probs == [[-0.5, -0.25], [-0.5, -1.0]] and step.beam_cum_log_probs == [-0.75, -1.5]
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_logits_reach_the_step(executor, streaming):
+    request_id = executor.enqueue(GenerationRequest([1000, 1200], 4, streaming=streaming, return_context_logits=True,
+                                                    return_generation_logits=True))
+    steps = collect_until_final(executor, {request_id})
+    context = [s.context_logits for s in steps if s.context_logits is not None]
+    assert context and all(c.shape == (2, 5000) for c in context)  # the LLM API keeps them on the output
+    generation = [s.generation_logits for s in steps if s.generation_logits is not None]
+    tokens = [t for s in steps for t in s.token_ids]
+    assert all(g.shape[0] == 1 and g.shape[2] == 5000 for g in generation)
+    assert [int(i) for g in generation for i in g[0].argmax(axis=-1)] == tokens == fake_tokens([1200], 4, 5000)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -17,19 +19,28 @@ from .server import (
     DEFAULT_REPOSITORY,
     EXECUTOR_OVERRIDE_ENV,
     ServerOptions,
+    is_ready,
     ports_in_use,
     server_command,
     server_environment,
     wait_until_ready,
 )
 
+# Time for a signal sent to the whole process group to reach tritonserver as well (see stop_gracefully).
+SIGNAL_SETTLE_S = 0.2
 
-def serve(options: ServerOptions, ready_timeout_s: float) -> int:
+
+def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | None = None) -> int:
+    """Run tritonserver until it exits; with `openai_port`, the OpenAI frontend next to it (stopped with it)."""
     connect_host = "127.0.0.1" if options.host == "0.0.0.0" else options.host
     busy = ports_in_use(options.host, [options.http_port, options.grpc_port, options.metrics_port])
     if busy:
         print(f"trtllm-triton: port(s) {', '.join(map(str, busy))} already in use on {options.host}; "
               "stop the other server or pick other --http-port/--grpc-port/--metrics-port", file=sys.stderr)
+        return 2
+    if openai_port is not None and ports_in_use(options.host, [openai_port]):
+        print(f"trtllm-triton: port {openai_port} already in use on {options.host}; pick another --openai-port "
+              "or pass --no-openai", file=sys.stderr)
         return 2
     extra_env = {EXECUTOR_OVERRIDE_ENV: options.executor} if options.executor else {}
     process = subprocess.Popen(server_command(options), env=server_environment(extra_env))
@@ -48,26 +59,75 @@ def serve(options: ServerOptions, ready_timeout_s: float) -> int:
     def stop_gracefully(signum):
         # Unload the models first, while the server is whole: each ends its open streams with a final response.
         # Stopped with streams still sending, tritonserver 2.51 sometimes aborts (boost lock_exception).
-        unload_models(connect_host, options.http_port)
+        # But a signal to the whole process group (Ctrl-C, systemd) reached tritonserver too, and it is already
+        # stopping: unload requests racing its own stop can leave both waiting until the exit timeout. So look
+        # first (it answers not ready at once when it stops) and only unload a server that is still ready.
+        time.sleep(SIGNAL_SETTLE_S)
+        if is_ready(connect_host, options.http_port):
+            unload_models(connect_host, options.http_port)
         if process.poll() is None:
             process.send_signal(signum)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
     if wait_until_ready(process, connect_host, options.http_port, ready_timeout_s):
-        print(
-            f"\ntrtllm-triton: ready. models: tensorrt_llm, ensemble\n"
-            f"  HTTP     http://{connect_host}:{options.http_port}  (POST /v2/models/ensemble/generate_stream)\n"
-            f"  gRPC     {connect_host}:{options.grpc_port}\n"
-            f"  metrics  http://{connect_host}:{options.metrics_port}/metrics\n",
-            flush=True,
-        )
+        print(ready_banner(connect_host, options), flush=True)
     elif process.poll() is None:
         print(f"trtllm-triton: server not ready after {ready_timeout_s:.0f} s; stopping it", file=sys.stderr)
         process.terminate()
     else:
         print("trtllm-triton: tritonserver exited before it was ready (see its log above)", file=sys.stderr)
-    return process.wait()
+    frontend = None
+    if openai_port is not None and process.poll() is None and not stopping.is_set():
+        frontend = start_openai_frontend(options, connect_host, openai_port)
+    try:
+        return process.wait()
+    finally:
+        if frontend is not None:
+            stop_process(frontend)
+
+
+def start_openai_frontend(options: ServerOptions, connect_host: str, port: int) -> subprocess.Popen:
+    """`trtllm-triton openai` against this server's gRPC port, bound to the server's --host."""
+    command = [sys.executable, "-m", "trtllm_model.cli", "openai", f"--triton-url={connect_host}:{options.grpc_port}",
+               f"--host={options.host}", f"--port={port}"]
+    if options.executor:
+        command.append(f"--executor={options.executor}")  # the frontend loads the tokenizer of the executor in use
+    return subprocess.Popen(command)
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
+    """SIGTERM (uvicorn then lets open responses finish), SIGKILL if it is still there after `timeout_s`."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def loaded_models(host: str, http_port: int) -> list[str]:
+    """Names of the models the server has loaded (READY in its repository index)."""
+    request = urllib.request.Request(f"http://{host}:{http_port}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return [model["name"] for model in json.loads(response.read()) if model.get("state") == "READY"]
+
+
+def ready_banner(host: str, options: ServerOptions) -> str:
+    """What `serve` prints once ready: the models actually loaded and where to reach them."""
+    try:
+        models = loaded_models(host, options.http_port)
+    except (OSError, ValueError) as exc:
+        return f"\ntrtllm-triton: ready (could not list the loaded models: {exc})\n"
+    generate = next((name for name in ("ensemble", "tensorrt_llm") if name in models), None)
+    endpoint = f"  (POST /v2/models/{generate}/generate_stream)" if generate else ""
+    return (
+        f"\ntrtllm-triton: ready. models: {', '.join(models) or '(none)'}\n"
+        f"  HTTP     http://{host}:{options.http_port}{endpoint}\n"
+        f"  gRPC     {host}:{options.grpc_port}\n"
+        f"  metrics  http://{host}:{options.metrics_port}/metrics\n"
+    )
 
 
 def unload_models(host: str, http_port: int, settle_s: float = 5.0) -> None:
@@ -92,6 +152,17 @@ def unload_models(host: str, http_port: int, settle_s: float = 5.0) -> None:
         pass  # the server is already going away: nothing left to do gracefully
 
 
+def repository_copy_with_policy(repository: Path, decoupled: bool) -> Path:
+    """A copy of the repository (in a temporary directory) with every model set to the transaction policy."""
+    from .configure import set_decoupled
+
+    copy = Path(tempfile.mkdtemp(prefix="trtllm-triton-repository-")) / repository.name
+    shutil.copytree(repository, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    set_decoupled(copy, decoupled)
+    print(f"trtllm-triton: serving {copy} (a copy of {repository} with decoupled: {str(decoupled).lower()})")
+    return copy
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trtllm-triton")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -102,10 +173,23 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--grpc-port", type=int, default=8001)
     run.add_argument("--metrics-port", type=int, default=8002)
     run.add_argument("--executor", help="override the config's `executor` parameter (e.g. synthetic, transformers)")
+    run.add_argument("--decoupled", choices=("true", "false"),
+                     help="serve the repository's models decoupled (streaming) or not (one response per request, "
+                          "for unary gRPC ModelInfer and HTTP infer); default: as their config.pbtxt says")
     run.add_argument("--log-verbose", type=int, default=0)
     run.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
+    run.add_argument("--openai-port", type=int, default=9000, help="port of the OpenAI-compatible API (on --host)")
+    run.add_argument("--no-openai", action="store_true", help="serve without the OpenAI-compatible API")
     run.add_argument("server_args", nargs="*", help="extra tritonserver flags, after --")
     commands.add_parser("configure", help="write a model repository from flags", add_help=False)
+    openai = commands.add_parser("openai", help="serve the OpenAI-compatible API in front of a running tritonserver")
+    openai.add_argument("--triton-url", action="append", required=True,
+                        help="Triton gRPC address host:port; repeat (or comma-separate) for replicas of one repository")
+    openai.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
+    openai.add_argument("--port", type=int, default=9000)
+    openai.add_argument("--executor", help="the executor the server runs, if `serve --executor` overrode the config's "
+                        "(the frontend loads that executor's tokenizer)")
+    openai.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "configure":
@@ -114,8 +198,17 @@ def main(argv: list[str] | None = None) -> int:
         return configure_main(rest)
     if rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
+    if args.command == "openai":
+        from .openai_frontend.app import run as run_openai
+
+        urls = [url for value in args.triton_url for url in value.split(",") if url]
+        run_openai(urls, args.host, args.port, args.executor, args.log_level)
+        return 0
+    repository = args.model_repository.resolve()
+    if args.decoupled is not None:
+        repository = repository_copy_with_policy(repository, args.decoupled == "true")
     options = ServerOptions(
-        model_repository=args.model_repository.resolve(),
+        model_repository=repository,
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
@@ -124,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         log_verbose=args.log_verbose,
         extra_args=args.server_args,
     )
-    return serve(options, args.ready_timeout)
+    return serve(options, args.ready_timeout, None if args.no_openai else args.openai_port)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ DEFAULTS = {
     "triton_max_batch_size": "64",
     "max_queue_delay_microseconds": "0",
     "exclude_input_in_output": "true",
+    "decoupled_mode": "true",
 }
 INT_KEYS = (
     "triton_max_batch_size", "max_queue_delay_microseconds", "max_queue_size", "max_beam_width",
@@ -40,13 +41,15 @@ INT_KEYS = (
     "cancellation_check_period_ms", "stats_check_period_ms", "tensor_parallel_size", "pipeline_parallel_size",
 )
 BOOL_KEYS = ("enable_kv_cache_reuse", "enable_chunked_context", "kv_cache_onboard_blocks", "normalize_log_probs",
-             "exclude_input_in_output")
+             "exclude_input_in_output", "decoupled_mode")
+DECOUPLED_LINE = re.compile(r"model_transaction_policy \{ decoupled: (true|false) \}")
 FRACTION_KEYS = ("kv_cache_free_gpu_mem_fraction", "gpu_weights_percent")
 INT_LIST_KEYS = ("max_attention_window_size", "gpu_device_ids", "participant_ids")
 CHOICES = {
     "gpt_model_type": ("inflight_fused_batching", "inflight_batching", "v1", "V1"),
     "batch_scheduler_policy": ("max_utilization", "guaranteed_no_evict", "static_batch"),
     "llm_backend": ("pytorch", "_autodeploy"),
+    "guided_decoding_backend": ("xgrammar",),
 }
 
 
@@ -88,10 +91,25 @@ def render(template: str, executor: str, values: dict[str, str]) -> str:
         raise ConfigError(f"required for --executor {executor}: {', '.join(missing)}; "
                           + " ".join(f"--set {key}=..." for key in missing))
     check_values(filled)
+    if "decoupled_mode" in filled:  # Triton wants exactly true or false here
+        filled["decoupled_mode"] = str(Params({"d": filled["decoupled_mode"]}, accepted=["d"]).bool("d")).lower()
     for key, value in filled.items():
         if '"' in value or "\n" in value or "\\" in value:
             raise ConfigError(f"--set {key}: quotes, backslashes and newlines are not allowed in a value")
     return PLACEHOLDER.sub(lambda match: filled.get(match.group(1), ""), template)
+
+
+def with_decoupled(config_text: str, decoupled: bool) -> str:
+    """A config.pbtxt with its transaction policy set: decoupled (streaming) or one response per request."""
+    if not DECOUPLED_LINE.search(config_text):
+        raise ConfigError("config.pbtxt has no `model_transaction_policy { decoupled: true|false }` line")
+    return DECOUPLED_LINE.sub(f"model_transaction_policy {{ decoupled: {str(decoupled).lower()} }}", config_text)
+
+
+def set_decoupled(repository: Path, decoupled: bool) -> None:
+    """Set every model of a repository (tensorrt_llm and the ensemble forwarding to it) to one policy."""
+    for config in sorted(repository.glob("*/config.pbtxt")):
+        config.write_text(with_decoupled(config.read_text(), decoupled))
 
 
 def write_repository(output: Path, config_text: str, ensemble: Path | None, force: bool) -> None:
@@ -105,6 +123,10 @@ def write_repository(output: Path, config_text: str, ensemble: Path | None, forc
     (model_dir / "1" / "model.py").write_text(MODEL_PY)
     if ensemble is not None:
         shutil.copytree(ensemble, output / "ensemble", ignore=shutil.ignore_patterns("__pycache__"))
+        # The ensemble follows tensorrt_llm's policy (a streaming ensemble needs a decoupled tensorrt_llm).
+        decoupled = DECOUPLED_LINE.search(config_text).group(1) == "true"
+        ensemble_config = output / "ensemble" / "config.pbtxt"
+        ensemble_config.write_text(with_decoupled(ensemble_config.read_text(), decoupled))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,12 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trtllm-triton configure",
         description="Write a model repository for a TensorRT-LLM executor from a config.pbtxt template.",
         epilog="example: trtllm-triton configure --executor trtllm_engine --output /models "
-               "--set gpt_model_path=/engines/llama --set tokenizer_dir=/hf/llama --set max_beam_width=1",
+               "--set gpt_model_path=/engines/llama --set tokenizer_dir=/hf/llama --set max_beam_width=1 "
+               "(add --set decoupled_mode=false for unary clients: one response per request, no streaming)",
     )
     parser.add_argument("--executor", required=True, choices=sorted(TEMPLATES))
     parser.add_argument("--output", required=True, type=Path, help="directory for the model repository")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="fill a ${KEY} placeholder (repeatable)")
+    parser.add_argument("--decoupled", choices=("true", "false"),
+                        help="same as --set decoupled_mode=...: false serves unary clients (one response per "
+                             "request; streaming refused); default true")
     parser.add_argument("--templates", type=Path, default=DEFAULT_TEMPLATES, help="template directory")
     parser.add_argument("--no-ensemble", action="store_true", help="leave out the text-level `ensemble` model")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --output directory")
@@ -140,7 +166,10 @@ def main(argv: list[str]) -> int:
         return 0
     ensemble = None if args.no_ensemble or not DEFAULT_ENSEMBLE.is_dir() else DEFAULT_ENSEMBLE
     try:
-        config_text = render(template, args.executor, parse_assignments(args.assignments))
+        values = parse_assignments(args.assignments)
+        if args.decoupled is not None and values.setdefault("decoupled_mode", args.decoupled) != args.decoupled:
+            raise ConfigError("--decoupled and --set decoupled_mode disagree; give one of them")
+        config_text = render(template, args.executor, values)
         write_repository(args.output, config_text, ensemble, args.force)
     except ConfigError as exc:
         print(f"trtllm-triton configure: {exc}", file=sys.stderr)

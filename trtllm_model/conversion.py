@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .executor_interface import GenerationRequest, Tokenizer
+from .executor_interface import OPTIONAL_INPUTS, GenerationRequest, Tokenizer
 
 UINT64_MAX = 2**64 - 1
 
@@ -31,11 +31,19 @@ class Limits:
 
     max_input_len: int | None = None
     max_output_len: int | None = None
+    max_seq_len: int | None = None  # prompt + max tokens (the engine's build limit)
+    max_beam_width: int | None = None
     vocab_size: int | None = None
     exclude_input_in_output: bool = False
     apply_chat_template: bool = False
     # Request parameters (besides Triton's own `triton_*`) this model accepts, e.g. synthetic fault injection.
     accepted_parameters: frozenset[str] = frozenset()
+    # Optional inputs the executor honours (executor_interface.OPTIONAL_INPUTS keys); others are UNSUPPORTED.
+    optional_inputs: frozenset[str] = frozenset()
+    # `decoupled: false` in config.pbtxt: exactly one response per request, so streaming is refused.
+    decoupled: bool = True
+    # Executor name, for error messages.
+    executor_name: str = "this"
 
 
 @dataclass(slots=True)
@@ -48,14 +56,10 @@ class ParsedRequest:
     return_finish_reason: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
+    return_perf_metrics: bool = False
     # `stop` input: this request only asks to cancel the in-flight request with the same request id.
     stop_only: bool = False
     prompt_ids: list[int] = field(default_factory=list)
-
-    @property
-    def wants_final_outputs(self) -> bool:
-        """Whether a final response must carry outputs even when no token is left to send."""
-        return self.return_finish_reason or self.return_num_output_tokens or self.return_num_input_tokens
 
 
 # Alternative spellings: NVIDIA renamed some inputs in 2025-05 and the text-level model uses other names.
@@ -77,9 +81,32 @@ _SCALAR_KEYS = {alias: key for key, aliases in _ALIASES.items() for alias in ali
         "input_lengths", "beam_width", "end_id", "pad_id", "exclude_input_in_output", "temperature",
         "repetition_penalty", "presence_penalty", "frequency_penalty", "return_log_probs", "num_return_sequences",
         "allotted_time_ms", "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens",
-        "apply_chat_template", "stop",
+        "apply_chat_template", "stop", "return_context_logits", "return_generation_logits", "return_perf_metrics",
+        "lora_task_id",
     )
 }
+
+# NVIDIA inputs declared by our models (so that their clients' requests are well-formed) that no executor here
+# honours: a request carrying one is refused as UNSUPPORTED, naming it. (docs/nvidia_compatibility.md)
+UNSUPPORTED_INPUTS = frozenset(
+    {
+        "encoder_input_features", "encoder_output_lengths", "decoder_input_ids", "decoder_input_lengths",
+        "decoder_text_input", "draft_input_ids", "draft_logits", "draft_acceptance_threshold", "num_draft_tokens",
+        "use_draft_logits", "runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids", "early_stopping",
+        "beam_search_diversity_rate", "prompt_embedding_table", "prompt_table_extra_ids", "prompt_table_extra_id",
+        "prompt_vocab_size", "cross_attention_mask", "mrope_rotary_cos_sin", "mrope_position_deltas",
+        "context_phase_params", "skip_cross_attn_blocks", "retention_token_range_starts",
+        "retention_token_range_ends", "retention_token_range_priorities", "retention_token_range_durations_ms",
+        "retention_decode_priority", "retention_decode_duration_ms", "lookahead_window_size", "lookahead_ngram_size",
+        "lookahead_verification_set_size",
+    }
+)
+
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
+
+# Request parameters NVIDIA's clients send that mean nothing to the model (NVIDIA's model reads no parameters):
+# inflight_batcher_llm_client.py sends `Streaming` with unary requests.
+IGNORED_PARAMETERS = frozenset({"Streaming"})
 
 
 _ONE_VALUE_KEYS = frozenset(_SCALAR_KEYS.values())
@@ -152,6 +179,21 @@ def _bool(scalars, key, default: bool = False) -> bool:
     return bool(value)
 
 
+def split_batch(tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """A request carrying a batch (NVIDIA's clients may send several prompts in one request: input_ids or
+    text_input with a first dimension over 1) -> one tensor dict per sequence. Every input must have that batch."""
+    lead_name = "input_ids" if "input_ids" in tensors else "text_input"
+    lead = tensors.get(lead_name)
+    if lead is None or lead.ndim < 2 or lead.shape[0] <= 1:
+        return [tensors]
+    size = lead.shape[0]
+    for name, array in tensors.items():
+        if array.ndim == 0 or array.shape[0] != size:
+            got = array.shape[0] if array.ndim else 0
+            raise InvalidInput(f"{name}: batch size {got}, but {lead_name} has a batch of {size}")
+    return [{name: array[index : index + 1] for name, array in tensors.items()} for index in range(size)]
+
+
 def _check_batch_of_one(tensors: dict[str, np.ndarray]) -> None:
     for name, array in tensors.items():
         if array.ndim >= 2 and array.shape[0] != 1:
@@ -222,7 +264,9 @@ def _utf8(name: str, item) -> str:
 def parameters_dict(parameters_json: str | None, accepted: frozenset[str]) -> dict:
     """Request parameters; unknown keys are refused (Triton's own `triton_*` keys pass through)."""
     params = json.loads(parameters_json) if parameters_json else {}
-    unknown = sorted(k for k in params if k not in accepted and not k.startswith("triton_"))
+    unknown = sorted(
+        k for k in params if k not in accepted and k not in IGNORED_PARAMETERS and not k.startswith("triton_")
+    )
     if unknown:
         raise InvalidInput(f"unknown request parameter(s): {', '.join(unknown)}")
     return params
@@ -240,6 +284,7 @@ def parse_request(
     scalars = _scalars(tensors)
     if _bool(scalars, "stop"):
         return ParsedRequest(GenerationRequest(input_ids=[0], max_tokens=1), text_mode=False, stop_only=True)
+    _refuse_unsupported(tensors, limits)
     text_mode = "text_input" in tensors
     if text_mode and "input_ids" in tensors:
         raise InvalidInput("text_input and input_ids: give one of them, not both")
@@ -257,7 +302,7 @@ def parse_request(
         input_ids = tokenizer.encode(text)
     elif "input_ids" in tensors:
         input_ids = _token_list("input_ids", tensors["input_ids"], limits)
-        length = _int(scalars, "input_lengths", minimum=1, maximum=len(input_ids))
+        length = _int(scalars, "input_lengths", minimum=1)  # over the ids given: all of them, as NVIDIA's slice
         if length is not None:
             input_ids = input_ids[:length]
     else:
@@ -270,8 +315,20 @@ def parse_request(
     max_tokens = _int(scalars, "max_tokens", minimum=1, maximum=limits.max_output_len)
     if max_tokens is None:
         raise InvalidInput("request_output_len (max_tokens): required")
-    beam_width = _int(scalars, "beam_width", minimum=1) or 1
-    end_id = _int(scalars, "end_id", minimum=0)
+    if limits.max_seq_len is not None and len(input_ids) + max_tokens > limits.max_seq_len:
+        raise InvalidInput(f"{_one_value(scalars, 'max_tokens')[0]}={max_tokens}: with the prompt's {len(input_ids)} "
+                           f"tokens that is {len(input_ids) + max_tokens}, over max_seq_len={limits.max_seq_len}")
+    streaming = _bool(scalars, "streaming")
+    if streaming and not limits.decoupled:
+        name = _one_value(scalars, "streaming")[0]
+        raise InvalidInput(
+            f"{name}=true: this model is configured with `decoupled: false` (one response per request), so it "
+            f"cannot stream; send {name}=false, or serve the decoupled model (trtllm-triton serve --decoupled true)"
+        )
+    beam_width = _int(scalars, "beam_width", minimum=0) or 1  # 0 means 1, as in NVIDIA's model
+    if limits.max_beam_width is not None and beam_width > limits.max_beam_width:
+        raise InvalidInput(f"beam_width={beam_width}: over max_beam_width={limits.max_beam_width}")
+    end_id = _int(scalars, "end_id", minimum=-1)  # -1: no end token (TensorRT-LLM's ignore-EOS), as NVIDIA passes it
     pad_id = _int(scalars, "pad_id", minimum=0)
     if text_mode and end_id is None:
         end_id = tokenizer.eos_token_id  # as NVIDIA's preprocessing: text requests end at the tokenizer's EOS
@@ -285,20 +342,21 @@ def parse_request(
             if tokenizer is None:
                 raise InvalidInput(f"{name}: this executor has no tokenizer; send {name}_list", unsupported=True)
             target.extend(_text_words(name, tensors[name], tokenizer))
-    embedding_bias = None
-    if "embedding_bias" in tensors and tensors["embedding_bias"].size:
-        embedding_bias = tensors["embedding_bias"].astype(np.float32).reshape(-1).tolist()
+    embedding_bias = _embedding_bias(tensors, limits, tokenizer)
+    top_k, top_p = _top_k_top_p(scalars)
+    lora_task_id, lora_weights, lora_config = _lora(tensors, scalars)
+    guide_type, guide = _guided_decoding(tensors)
 
     generation = GenerationRequest(
         input_ids=input_ids,
         max_tokens=max_tokens,
-        streaming=_bool(scalars, "streaming"),
+        streaming=streaming,
         end_id=end_id,
         pad_id=pad_id,
         exclude_input_in_output=_bool(scalars, "exclude_input_in_output", limits.exclude_input_in_output),
         temperature=_float(scalars, "temperature", minimum=0.0),
-        top_k=_int(scalars, "top_k", minimum=0),
-        top_p=_float(scalars, "top_p", minimum=0.0, maximum=1.0, open_min=True),
+        top_k=top_k,
+        top_p=top_p,
         seed=_int(scalars, "seed", minimum=0, maximum=UINT64_MAX),
         repetition_penalty=_float(scalars, "repetition_penalty", minimum=0.0, open_min=True),
         presence_penalty=_float(scalars, "presence_penalty"),
@@ -310,8 +368,16 @@ def parse_request(
         embedding_bias=embedding_bias,
         return_log_probs=_bool(scalars, "return_log_probs"),
         beam_width=beam_width,
-        num_return_sequences=_int(scalars, "num_return_sequences", minimum=1) or 1,
+        num_return_sequences=_int(scalars, "num_return_sequences", minimum=0) or 1,  # 0 means 1, as NVIDIA's
         allotted_time_ms=_int(scalars, "allotted_time_ms", minimum=1),
+        return_context_logits=_bool(scalars, "return_context_logits"),
+        return_generation_logits=_bool(scalars, "return_generation_logits"),
+        return_perf_metrics=_bool(scalars, "return_perf_metrics"),
+        lora_task_id=lora_task_id,
+        lora_weights=lora_weights,
+        lora_config=lora_config,
+        guided_decoding_type=guide_type,
+        guided_decoding_guide=guide,
         faults={k[len("synthetic_fault_"):]: str(v) for k, v in parameters.items() if k.startswith("synthetic_fault_")},
     )
     return ParsedRequest(
@@ -321,46 +387,178 @@ def parse_request(
         return_finish_reason=_bool(scalars, "return_finish_reason"),
         return_num_input_tokens=_bool(scalars, "return_num_input_tokens"),
         return_num_output_tokens=_bool(scalars, "return_num_output_tokens"),
+        return_perf_metrics=_bool(scalars, "return_perf_metrics"),
         prompt_ids=input_ids,
     )
 
 
-def _column(values, dtype) -> np.ndarray:
-    return np.array([values], dtype=dtype).reshape(1, -1)
+def _asks(array: np.ndarray) -> bool:
+    """Whether an optional input asks for anything: present, not empty, and (for BOOL flags) true."""
+    if array.size == 0:
+        return False
+    return bool(array.any()) if array.dtype == np.bool_ else True
 
 
-def response_outputs(
-    parsed: ParsedRequest,
-    token_ids: list[int],
-    text: str | None,
-    log_probs: list[float] | None,
-    cum_log_prob: float | None,
-    finish_reason: str | None,
-    num_output_tokens: int,
-    sequence_index: int = 0,
-    beams: list[list[int]] | None = None,
-) -> dict[str, np.ndarray]:
-    """Output tensors of one response: the new tokens (streaming) or the whole output (final, non-streaming)."""
+def _refuse_unsupported(tensors: dict[str, np.ndarray], limits: Limits) -> None:
+    for name, array in tensors.items():
+        if name in UNSUPPORTED_INPUTS and _asks(array):
+            raise InvalidInput(f"{name}: not supported by this server (see docs/nvidia_compatibility.md)", unsupported=True)
+    for feature, names in OPTIONAL_INPUTS.items():
+        if feature in limits.optional_inputs:
+            continue
+        for name in names:
+            if name in tensors and _asks(tensors[name]):
+                raise InvalidInput(f"{name}: the {limits.executor_name} executor does not support it", unsupported=True)
+
+
+def _top_k_top_p(scalars) -> tuple[int | None, float | None]:
+    """NVIDIA's reading: top_p <= 0 means unset, top_k 0 means no cut, and neither means greedy.
+
+    (NVIDIA's model drops runtime_top_p <= 0; TensorRT-LLM samples greedily when top_k and top_p are both 0, its
+    defaults. Their client sends runtime_top_k=1, runtime_top_p=0 unless told otherwise.)
+    """
+    top_k = _int(scalars, "top_k", minimum=0) or None
+    top_p = _float(scalars, "top_p", maximum=1.0)
+    if top_p is not None and top_p <= 0.0:
+        top_p = None
+    if top_k is None and top_p is None:
+        top_k = 1
+    return top_k, top_p
+
+
+def _embedding_bias(tensors: dict[str, np.ndarray], limits: Limits, tokenizer: Tokenizer | None) -> list[float] | None:
+    has_words = "embedding_bias_words" in tensors or "embedding_bias_weights" in tensors
+    if "embedding_bias" in tensors and tensors["embedding_bias"].size:
+        if has_words:
+            raise InvalidInput("embedding_bias and embedding_bias_words: give one of them, not both")
+        return tensors["embedding_bias"].astype(np.float32).reshape(-1).tolist()
+    if not has_words:
+        return None
+    words = tensors.get("embedding_bias_words", np.empty(0, np.object_)).reshape(-1).tolist()
+    weights = tensors.get("embedding_bias_weights", np.empty(0, np.float32)).reshape(-1).tolist()
+    if len(words) != len(weights):
+        raise InvalidInput(
+            f"embedding_bias_words and embedding_bias_weights: {len(words)} words but {len(weights)} weights"
+        )
+    if not words:
+        return None
+    if tokenizer is None:
+        raise InvalidInput("embedding_bias_words: this executor has no tokenizer; send embedding_bias", unsupported=True)
+    vocab = limits.vocab_size or len(tokenizer)
+    bias = np.zeros(vocab, np.float32)
+    for word, weight in zip(words, weights, strict=True):
+        if not math.isfinite(weight):
+            raise InvalidInput(f"embedding_bias_weights: {weight} is not a finite number")
+        # As NVIDIA's preprocessing: every token of the word gets the word's weight (added up if repeated).
+        for token in tokenizer.encode(_utf8("embedding_bias_words", word), add_special_tokens=False):
+            if 0 <= token < vocab:
+                bias[token] += weight
+    return bias.tolist()
+
+
+def _lora(tensors: dict[str, np.ndarray], scalars) -> tuple[int | None, np.ndarray | None, np.ndarray | None]:
+    task_id = _int(scalars, "lora_task_id", minimum=0, maximum=UINT64_MAX)
+    weights, config = tensors.get("lora_weights"), tensors.get("lora_config")
+    if weights is not None:
+        weights = weights[0] if weights.ndim == 3 else weights
+        if weights.ndim != 2:
+            raise InvalidInput(f"lora_weights: expected shape [1, modules, size], got {list(tensors['lora_weights'].shape)}")
+    if config is not None:
+        config = config[0] if config.ndim == 3 else config
+        if config.ndim != 2 or config.shape[1] != 3 or not np.issubdtype(config.dtype, np.integer):
+            raise InvalidInput(f"lora_config: expected INT32 of shape [1, modules, 3], got {list(tensors['lora_config'].shape)}")
+    if (weights is None) != (config is None):
+        raise InvalidInput("lora_weights and lora_config: give both or neither")
+    if weights is not None and task_id is None:
+        raise InvalidInput("lora_task_id: required with lora_weights (the adapter is cached under it)")
+    return task_id, weights, config
+
+
+def _guided_decoding(tensors: dict[str, np.ndarray]) -> tuple[str | None, str | None]:
+    def one_string(name: str) -> str | None:
+        if name not in tensors:
+            return None
+        array = tensors[name]
+        if array.size != 1:
+            raise InvalidInput(f"{name}: expected one string per request, got shape {list(array.shape)}")
+        return _utf8(name, array.reshape(-1)[0])
+
+    guide_type, guide = one_string("guided_decoding_guide_type"), one_string("guided_decoding_guide")
+    if guide_type is None:
+        if guide is not None:
+            raise InvalidInput("guided_decoding_guide: needs guided_decoding_guide_type")
+        return None, None
+    if guide_type not in GUIDE_TYPES:
+        raise InvalidInput(f"guided_decoding_guide_type={guide_type!r}: expected one of {', '.join(GUIDE_TYPES)}")
+    if guide_type != "json" and not guide:
+        raise InvalidInput(f"guided_decoding_guide: required with guided_decoding_guide_type={guide_type}")
+    return guide_type, guide
+
+
+@dataclass(slots=True)
+class ResponseContent:
+    """What one response carries, before it becomes tensors. One beam unless beam_width > 1."""
+
+    beams: list[list[int]]
+    texts: list[str] | None = None  # one per beam (text requests)
+    log_probs: list[list[float]] | None = None  # one list per beam
+    cum_log_probs: list[float] | None = None  # one per beam
+    finish_reason: str | None = None
+    num_output_tokens: int = 0
+    sequence_index: int = 0
+    context_logits: np.ndarray | None = None  # [prompt tokens, vocab]
+    generation_logits: np.ndarray | None = None  # [beams, tokens, vocab]
+    perf: dict[str, float] | None = None  # PERF_OUTPUTS name -> value
+
+
+# `return_perf_metrics` outputs, with NVIDIA's dtypes; each is [1, 1].
+PERF_OUTPUTS = {
+    "kv_cache_alloc_new_blocks": np.int32, "kv_cache_reused_blocks": np.int32, "kv_cache_alloc_total_blocks": np.int32,
+    "arrival_time_ns": np.int64, "first_scheduled_time_ns": np.int64, "first_token_time_ns": np.int64,
+    "last_token_time_ns": np.int64, "acceptance_rate": np.float32, "total_accepted_draft_tokens": np.int32,
+    "total_draft_tokens": np.int32,
+}
+
+
+def _padded(rows: list[list], fill, dtype) -> np.ndarray:
+    """[1, rows, longest row], shorter rows padded with `fill` (NVIDIA pads output_ids with -1)."""
+    if len(rows) == 1:  # one beam: every streamed token takes this path
+        return np.array(rows[0], dtype=dtype).reshape(1, 1, -1)
+    width = max((len(row) for row in rows), default=0)
+    array = np.full((1, len(rows), width), fill, dtype=dtype)
+    for index, row in enumerate(rows):
+        array[0, index, : len(row)] = row
+    return array
+
+
+def response_outputs(parsed: ParsedRequest, content: ResponseContent) -> dict[str, np.ndarray]:
+    """Output tensors of one response, shaped as NVIDIA's models return them (docs/nvidia_compatibility.md):
+    the new tokens (streaming) or the whole output (final, non-streaming)."""
     outputs: dict[str, np.ndarray] = {}
     if parsed.text_mode:
-        outputs["text_output"] = np.array([[text.encode("utf-8")]], dtype=np.object_)
-    elif beams is not None:
-        width = max((len(b) for b in beams), default=0)
-        padded = [b + [-1] * (width - len(b)) for b in beams]
-        outputs["output_ids"] = np.array([padded], dtype=np.int32).reshape(1, len(beams), width)
-        outputs["sequence_length"] = np.array([[len(b) for b in beams]], dtype=np.int32)
+        # NVIDIA's postprocessing returns one string per beam, without a batch dimension.
+        outputs["text_output"] = np.array([text.encode("utf-8") for text in content.texts or [""]], dtype=np.object_)
     else:
-        outputs["output_ids"] = np.array(token_ids, dtype=np.int32).reshape(1, 1, -1)
-        outputs["sequence_length"] = np.array([[len(token_ids)]], dtype=np.int32)
+        outputs["output_ids"] = _padded(content.beams, -1, np.int32)
+        outputs["sequence_length"] = np.array([[len(beam) for beam in content.beams]], dtype=np.int32)
     if parsed.return_log_probs:
-        outputs["output_log_probs"] = np.array(log_probs or [], dtype=np.float32).reshape(1, 1, -1)
-        outputs["cum_log_probs"] = np.array([[cum_log_prob or 0.0]], dtype=np.float32)
-    if parsed.return_finish_reason and finish_reason is not None:
-        outputs["finish_reason"] = np.array([[finish_reason.encode()]], dtype=np.object_)
+        log_probs = content.log_probs or [[] for _ in content.beams]
+        outputs["output_log_probs"] = _padded(log_probs, 0.0, np.float32)
+        cum = content.cum_log_probs or [0.0] * len(log_probs)
+        outputs["cum_log_probs"] = np.array([cum], dtype=np.float32)
+    if parsed.generation.return_context_logits and content.context_logits is not None:
+        outputs["context_logits"] = np.asarray(content.context_logits, np.float32)[None]
+    if parsed.generation.return_generation_logits and content.generation_logits is not None:
+        outputs["generation_logits"] = np.asarray(content.generation_logits, np.float32)[None]
+    if parsed.return_finish_reason and content.finish_reason is not None:
+        outputs["finish_reason"] = np.array([[content.finish_reason.encode()]], dtype=np.object_)
     if parsed.return_num_input_tokens:
         outputs["num_input_tokens"] = np.array([[len(parsed.prompt_ids)]], dtype=np.int32)
     if parsed.return_num_output_tokens:
-        outputs["num_output_tokens"] = np.array([[num_output_tokens]], dtype=np.int32)
+        outputs["num_output_tokens"] = np.array([[content.num_output_tokens]], dtype=np.int32)
     if parsed.generation.num_return_sequences > 1:
-        outputs["sequence_index"] = np.array([[sequence_index]], dtype=np.int32)
+        outputs["sequence_index"] = np.array([[content.sequence_index]], dtype=np.int32)
+    if parsed.return_perf_metrics and content.perf is not None:
+        for name, dtype in PERF_OUTPUTS.items():
+            outputs[name] = np.array([[content.perf.get(name, 0)]], dtype=dtype)
     return outputs

@@ -5,7 +5,8 @@ copy of the weights in memory. Tokenization and detokenization happen inside `te
 pass-through hop per response. A client's cancellation becomes a `stop` request for the forwarded request id.
 
 BLS responses arrive through a blocking iterator in this Triton release, so each forwarded request gets a thread
-(it sleeps in the IPC wait with the GIL released); one watcher thread checks cancellations for all of them.
+(it sleeps in the IPC wait with the GIL released); one watcher thread checks cancellations for all of them, and
+ends the streams still open when the model is being unloaded (a server stop), so the unload never waits on them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import os
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -22,18 +24,47 @@ import triton_python_backend_utils as pb_utils
 log = logging.getLogger("trtllm_model.ensemble")
 
 TARGET_MODEL = "tensorrt_llm"
-TEXT_OUTPUTS = ["text_output", "output_log_probs", "cum_log_probs", "finish_reason", "num_input_tokens",
-                "num_output_tokens", "sequence_index"]
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_S = 0.1
+# On unload, how long tensorrt_llm gets to end the forwarded requests itself before the watcher ends the rest.
+FORWARDED_GRACE_S = 2.0
+
+
+class _Forward:
+    """A client request being forwarded: its one sender, and a lock so that nothing is sent after its final."""
+
+    __slots__ = ("request", "sender", "lock", "done", "cancelled")
+
+    def __init__(self, request) -> None:
+        self.request = request
+        self.sender = request.get_response_sender()
+        self.lock = threading.Lock()
+        self.done = False
+        self.cancelled = False  # the client cancelled (set by the watcher)
+
+    def send(self, response) -> None:
+        with self.lock:
+            if not self.done:
+                self.sender.send(response)
+
+    def finish(self, response) -> None:
+        with self.lock:
+            if not self.done:
+                self.done = True
+                self.sender.send(response, flags=_FINAL)
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        model_config = json.loads(args["model_config"])
+        self._outputs = [output["name"] for output in model_config.get("output", [])]
+        # Decoupled or not, each response goes out as soon as it arrives and the one that ends the request carries
+        # the FINAL flag (as NVIDIA's ensemble): a non-decoupled client gets exactly that one response.
+        self._name = args["model_name"]
         self._ids = itertools.count(1)
         self._prefix = f"ensemble-{os.getpid()}-"
         self._lock = threading.Condition()
-        self._open: dict[str, object] = {}  # forwarded id -> client request, for the cancel watcher
+        self._open: dict[str, _Forward] = {}  # forwarded id -> client request, for the watcher
         self._running = True
         self._watcher = threading.Thread(target=self._watch_cancellations, name="ensemble-cancel", daemon=True)
         self._watcher.start()
@@ -41,57 +72,112 @@ class TritonPythonModel:
     def execute(self, requests: list) -> None:
         for request in requests:
             forwarded_id = f"{self._prefix}{next(self._ids)}"
+            forward = _Forward(request)
             with self._lock:
-                self._open[forwarded_id] = request
+                self._open[forwarded_id] = forward
                 self._lock.notify_all()
-            threading.Thread(target=self._forward, args=(request, forwarded_id), daemon=True).start()
+            threading.Thread(target=self._forward, args=(forward, forwarded_id), daemon=True).start()
         return None
 
-    def _forward(self, request, forwarded_id: str) -> None:
-        sender = request.get_response_sender()
-        error = None
+    def _forward(self, forward: _Forward, forwarded_id: str) -> None:
+        request = forward.request
+        error, final_sent = None, False
         try:
             parameters = json.loads(request.parameters() or "{}")
+            inputs = request.inputs()
+            client_wants_reason = _flag(inputs, "return_finish_reason")
+            # A batched request (several prompts) ends after one final response per prompt.
+            sequences_left = _batch_size(inputs)
+            if not client_wants_reason:
+                # A sequence's last response is the one with a finish reason: the last of them is sent on as FINAL.
+                inputs = [t for t in inputs if t.name() != "return_finish_reason"]
+                inputs.append(pb_utils.Tensor("return_finish_reason", np.ones((sequences_left, 1), dtype=bool)))
+            requested = list(request.requested_output_names()) or self._outputs
             inner = pb_utils.InferenceRequest(
                 model_name=TARGET_MODEL,
-                inputs=request.inputs(),
-                requested_output_names=list(request.requested_output_names()) or TEXT_OUTPUTS,
+                inputs=inputs,
+                requested_output_names=sorted(set(requested) | {"finish_reason"}),
                 request_id=forwarded_id,
                 parameters={k: v for k, v in parameters.items() if not k.startswith("triton_")},
             )
+            # Read to the end: the iterator must see the forwarded request's own final response.
             for response in inner.exec(decoupled=True):
+                if final_sent:
+                    continue
                 if response.has_error():
-                    error = response.error()
-                    break
+                    error = _with_code(response.error())
+                    continue
                 tensors = response.output_tensors()
-                if tensors:
-                    sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+                reason = next((_reason(t) for t in tensors if t.name() == "finish_reason"), None)
+                if not client_wants_reason:
+                    tensors = [t for t in tensors if t.name() != "finish_reason"]
+                if reason is not None:  # a sequence's last response
+                    sequences_left -= 1
+                if sequences_left == 0:
+                    final_sent = True
+                    self._finish(forwarded_id, pb_utils.InferenceResponse(output_tensors=tensors))
+                elif tensors:
+                    forward.send(pb_utils.InferenceResponse(output_tensors=tensors))
         except Exception as exc:
             error = _forwarding_error(exc)
+        if final_sent:
+            return
+        if error is None:
+            # The forwarded request ended without finishing every sequence: tensorrt_llm ended it with an error that
+            # Triton 2.51 does not pass to a BLS caller after earlier responses (see TritonStream.send_error).
+            error = (pb_utils.TritonError("CANCELLED: request cancelled", pb_utils.TritonError.CANCELLED)
+                     if forward.cancelled else
+                     pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} ended the request early",
+                                          pb_utils.TritonError.UNAVAILABLE))
+        self._finish(forwarded_id, pb_utils.InferenceResponse(error=error))
+
+    def _finish(self, forwarded_id: str, response) -> None:
         # Leave the watcher's view before the final response: asking Triton whether a finished request was
         # cancelled crashes tritonserver 2.51 (ResponseFactoryIsCancelled on a released factory).
         with self._lock:
-            self._open.pop(forwarded_id, None)
-        if error is not None:
-            sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
-        else:
-            sender.send(flags=_FINAL)  # the forwarded request's own final response ended the iterator
+            forward = self._open.pop(forwarded_id, None)
+        if forward is not None:  # else the watcher ended this stream (the model is being unloaded)
+            forward.finish(response)
 
     def _watch_cancellations(self) -> None:
         cancelled: set[str] = set()
+        unloading_since = None
         while self._running:
             with self._lock:
                 if not self._open:
                     self._lock.wait()
                     continue
                 # is_cancelled() under the lock, so that no request is asked about after its final response.
-                newly = [fid for fid, req in self._open.items() if fid not in cancelled and req.is_cancelled()]
+                newly = [fid for fid, f in self._open.items() if fid not in cancelled and f.request.is_cancelled()]
+                for forwarded_id in newly:
+                    self._open[forwarded_id].cancelled = True
                 cancelled.update(newly)
                 cancelled &= set(self._open)
             for forwarded_id in newly:
                 _send_stop(forwarded_id)
+            if unloading_since is None and not _ready(self._name):
+                unloading_since = time.monotonic()
+            # tensorrt_llm sees the stop too and ends its requests first; once it is gone, its questions about
+            # requests forwarded from here can hang in 2.51. So after a grace period the watcher ends the rest.
+            if unloading_since is not None and time.monotonic() - unloading_since > FORWARDED_GRACE_S:
+                self._end_open_streams()
             with self._lock:
                 self._lock.wait(CANCEL_CHECK_S)
+
+    def _end_open_streams(self) -> None:
+        # Triton unloads this model (and a stopping server exits) only once every client request has had its
+        # final response.
+        with self._lock:
+            forwards = list(self._open.values())
+            self._open.clear()
+        error = pb_utils.TritonError("UNAVAILABLE: model is shutting down", pb_utils.TritonError.UNAVAILABLE)
+        for forward in forwards:
+            try:
+                forward.finish(pb_utils.InferenceResponse(error=error))
+            except Exception:
+                log.debug("could not end a stream", exc_info=True)
+        if forwards:
+            log.warning("model is being unloaded: ended %d forwarded streams", len(forwards))
 
     def is_ready(self) -> bool:
         """Readiness for servers that ask (26.03+): ready while the model it forwards to is."""
@@ -102,6 +188,30 @@ class TritonPythonModel:
             self._running = False
             self._lock.notify_all()
         self._watcher.join(timeout=2)
+
+
+def _with_code(error):
+    """The forwarded model's error with its code: a BLS response's error arrives as INTERNAL, but our messages
+    lead with their code (triton_io.triton_error), which a unary client sees as the gRPC/HTTP status."""
+    message = error.message()
+    code = getattr(pb_utils.TritonError, message.split(":", 1)[0], None)
+    return error if code is None else pb_utils.TritonError(message, code)
+
+
+def _batch_size(tensors) -> int:
+    text = next((t for t in tensors if t.name() == "text_input"), None)
+    shape = text.as_numpy().shape if text is not None else ()
+    return shape[0] if len(shape) >= 2 else 1
+
+
+def _flag(tensors, name: str) -> bool:
+    tensor = next((t for t in tensors if t.name() == name), None)
+    return tensor is not None and bool(tensor.as_numpy().any())
+
+
+def _reason(tensor) -> str:
+    value = tensor.as_numpy().reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _send_stop(forwarded_id: str) -> None:
@@ -118,8 +228,15 @@ def _send_stop(forwarded_id: str) -> None:
         log.warning("could not forward a cancellation", exc_info=True)
 
 
+def _ready(model: str) -> bool:
+    try:
+        return pb_utils.is_model_ready(model)
+    except Exception:
+        return False  # a stopping server answers "Server not ready"
+
+
 def _forwarding_error(exc: Exception):
-    if not pb_utils.is_model_ready(TARGET_MODEL):
+    if not _ready(TARGET_MODEL):
         # The executor failed and tensorrt_llm unloaded itself: the same answer its own clients get.
         return pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} is not ready", pb_utils.TritonError.UNAVAILABLE)
     log.exception("forwarding to %s failed", TARGET_MODEL)

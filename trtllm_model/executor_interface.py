@@ -57,6 +57,15 @@ class GenerationRequest:
     num_return_sequences: int = 1
     # A request past this many milliseconds ends with the tokens so far and FinishReason.TIMED_OUT.
     allotted_time_ms: int | None = None
+    # Optional NVIDIA inputs; the edge refuses those the executor does not honour (Executor.optional_inputs).
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    return_perf_metrics: bool = False
+    lora_task_id: int | None = None
+    lora_weights: object | None = None  # numpy array [layers x modules, size] as NVIDIA's `lora_weights`
+    lora_config: object | None = None  # numpy int32 array [layers x modules, 3] as NVIDIA's `lora_config`
+    guided_decoding_type: str | None = None  # json | json_schema | regex | ebnf_grammar
+    guided_decoding_guide: str | None = None
     # Executor-specific test hooks (the synthetic executor's fault injection); ignored by real engines.
     faults: dict[str, str] = field(default_factory=dict)
 
@@ -75,6 +84,17 @@ class Step:
     sequence_index: int = 0
     # beam_width > 1: every beam in full so far (beams may rewrite earlier tokens); token_ids is then unused.
     beams: list[list[int]] | None = None
+    # beam_width > 1 with log probs: each beam's log probs in full so far (log_probs is then unused).
+    beam_log_probs: list[list[float]] | None = None
+    beam_cum_log_probs: list[float] | None = None
+    # Requested logits (numpy float32): context [prompt tokens, vocab] once; generation [beams, tokens, vocab] of the
+    # tokens this step carries.
+    context_logits: object | None = None
+    generation_logits: object | None = None
+    # KV-cache block counts for `return_perf_metrics`, where the engine counts them.
+    kv_cache_alloc_new_blocks: int | None = None
+    kv_cache_reused_blocks: int | None = None
+    kv_cache_alloc_total_blocks: int | None = None
 
 
 @dataclass(slots=True)
@@ -107,6 +127,30 @@ class IterationStats:
     kv_cache: KvCacheStats | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class BuildLimits:
+    """What the engine behind an executor was built (and configured) for; None where it has no fixed limit.
+
+    The model refuses a request past these before enqueue, and a config.pbtxt limit larger than them at load.
+    `source` says where they were read, for error messages (e.g. the engine's config.json).
+    """
+
+    max_input_len: int | None = None
+    max_seq_len: int | None = None  # prompt + generated tokens
+    max_beam_width: int | None = None
+    max_batch_size: int | None = None
+    source: str = "the engine"
+
+
+# Optional inputs an executor may honour, by the NVIDIA input names that ask for them.
+OPTIONAL_INPUTS = {
+    "return_context_logits": ("return_context_logits",),
+    "return_generation_logits": ("return_generation_logits",),
+    "lora": ("lora_task_id", "lora_weights", "lora_config"),
+    "guided_decoding": ("guided_decoding_guide_type", "guided_decoding_guide"),
+}
+
+
 class Tokenizer(Protocol):
     """What the text interface needs from a tokenizer (a Hugging Face tokenizer satisfies it)."""
 
@@ -137,6 +181,11 @@ class Executor(ABC):
 
     # Token ids at or above this are refused at the edge (None: the engine checks, or has no fixed vocabulary).
     vocab_size: int | None = None
+    # Limits the engine was built for (all None: the executor checks its own, or has none).
+    build_limits: BuildLimits = BuildLimits()
+    # Optional NVIDIA inputs this executor honours (see OPTIONAL_INPUTS); the edge refuses the others as
+    # UNSUPPORTED, naming the input.
+    optional_inputs: frozenset[str] = frozenset()
 
     @abstractmethod
     def enqueue(self, request: GenerationRequest) -> int:

@@ -14,13 +14,14 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
-from .conversion import InvalidInput, Limits, parameters_dict, parse_request
+from .build_limits import request_limits
+from .conversion import InvalidInput, Limits, parameters_dict, parse_request, split_batch
 from .executors import create_executor
 from .executors.synthetic import SyntheticExecutor
 from .metrics import MetricsReporter
 from .params import Params, parameters_from_model_config
 from .poller import Poller
-from .request_context import ErrorCode, RequestContext
+from .request_context import BatchStream, ErrorCode, RequestContext
 from .server import EXECUTOR_OVERRIDE_ENV
 from .triton_io import TritonMetricBackend, TritonStream, request_parameters_json, request_tensors
 
@@ -33,20 +34,23 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
-        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
-            raise pb_utils.TritonModelException("tensorrt_llm must use model_transaction_policy { decoupled: true }")
-        self.executor, params = create_executor(
-            parameters_from_model_config(model_config), os.environ.get(EXECUTOR_OVERRIDE_ENV) or None
-        )
+        # Decoupled (streaming) or not (`decoupled: false`: unary gRPC ModelInfer and HTTP infer work, streaming is
+        # refused). Either way responses go through the request's response sender from the poller: a non-decoupled
+        # Python model may send its one response, with the FINAL flag, that way instead of returning it.
+        decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
+        override = os.environ.get(EXECUTOR_OVERRIDE_ENV) or None
+        self.executor, params = create_executor(parameters_from_model_config(model_config), override)
         self.tokenizer = self.executor.tokenizer()
         self.chat_template = self._chat_template()
         self.limits = Limits(
-            max_input_len=params.int("max_input_len", minimum=1),
-            max_output_len=params.int("max_output_len", minimum=1),
+            **request_limits(params, self.executor.build_limits),
             vocab_size=self.executor.vocab_size,
             exclude_input_in_output=params.bool("exclude_input_in_output", False),
             apply_chat_template=params.bool("apply_chat_template", False),
             accepted_parameters=SYNTHETIC_FAULT_PARAMETERS if isinstance(self.executor, SyntheticExecutor) else frozenset(),
+            optional_inputs=self.executor.optional_inputs,
+            decoupled=decoupled,
+            executor_name=override or params.str("executor", "transformers"),
         )
         self.metrics = MetricsReporter(
             TritonMetricBackend(),
@@ -74,9 +78,14 @@ class TritonPythonModel:
             stream = TritonStream(request)
             try:
                 parameters = parameters_dict(request_parameters_json(request), self.limits.accepted_parameters)
-                parsed = parse_request(
-                    request_tensors(request), parameters, self.limits, self.tokenizer, self.chat_template
-                )
+                batch = split_batch(request_tensors(request))
+                if len(batch) > 1 and not self.limits.decoupled:
+                    raise InvalidInput(f"a batch of {len(batch)} sequences in one request needs the decoupled model "
+                                       "(one response per sequence); send one per request", unsupported=True)
+                parsed = [
+                    parse_request(tensors, parameters, self.limits, self.tokenizer, self.chat_template)
+                    for tensors in batch
+                ]
             except InvalidInput as exc:
                 stream.send_error(ErrorCode.UNSUPPORTED if exc.unsupported else ErrorCode.INVALID_ARG, str(exc))
                 continue
@@ -84,11 +93,13 @@ class TritonPythonModel:
                 log.exception("request conversion failed")
                 stream.send_error(ErrorCode.INVALID_ARG, f"malformed request: {exc}")
                 continue
-            try:
-                self.poller.submit(RequestContext(parsed, stream, triton_request_id=request.request_id()))
-            except Exception as exc:  # the poller answers its own refusals; this is a bug, kept to one request
-                log.exception("submit failed")
-                stream.send_error(ErrorCode.INTERNAL, f"submit failed: {exc}")
+            streams = [stream] if len(parsed) == 1 else BatchStream(stream, len(parsed)).members
+            for one, member in zip(parsed, streams, strict=True):
+                try:
+                    self.poller.submit(RequestContext(one, member, triton_request_id=request.request_id()))
+                except Exception as exc:  # the poller answers its own refusals; this is a bug, kept to one request
+                    log.exception("submit failed")
+                    member.send_error(ErrorCode.INTERNAL, f"submit failed: {exc}")
         return None
 
     def is_ready(self) -> bool:

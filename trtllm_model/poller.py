@@ -25,7 +25,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .conversion import response_outputs
+import numpy as np
+
+from .conversion import ResponseContent, response_outputs
 from .executor_interface import Executor, ExecutorError, FinishReason, RequestRejected, Step
 from .request_context import ErrorCode, RequestContext
 
@@ -64,7 +66,8 @@ class Poller:
         self.failure: str | None = None
         self._lock = threading.Condition()
         self._open: dict[int, RequestContext] = {}
-        self._by_triton_id: dict[str, RequestContext] = {}
+        # Triton request id -> the requests in flight under it (several for a batched request), for `stop`.
+        self._by_triton_id: dict[str, list[RequestContext]] = {}
         self._accepting = True
         self._running = True
         # Workers' shared state, under `_work`: requests with something to deliver, and whether a worker is
@@ -107,7 +110,7 @@ class Poller:
                 ctx.enqueued_ns = time.monotonic_ns()
                 self._open[ctx.executor_id] = ctx
                 if ctx.triton_request_id:
-                    self._by_triton_id[ctx.triton_request_id] = ctx
+                    self._by_triton_id.setdefault(ctx.triton_request_id, []).append(ctx)
                 self._lock.notify_all()
                 return
         self._send_error_now(ctx, *refusal)
@@ -122,14 +125,18 @@ class Poller:
         return None
 
     def _stop_by_triton_id(self, ctx: RequestContext) -> None:
-        with self._lock:
-            target = self._by_triton_id.get(ctx.triton_request_id) if ctx.triton_request_id else None
-        if target is None:
-            self._send_error_now(ctx, ErrorCode.INVALID_ARG, f"stop: no request in flight with id {ctx.triton_request_id!r}")
+        if not ctx.triton_request_id:
+            self._send_error_now(ctx, ErrorCode.INVALID_ARG, "stop: needs the request id of the request to cancel")
             return
-        self._cancel(target)
+        with self._lock:
+            targets = list(self._by_triton_id.get(ctx.triton_request_id, ()))
+        # An id no longer in flight (the request just ended) is no error, as in NVIDIA's model: a client that
+        # stops after a delay must not fail because generation was quicker.
+        for target in targets:
+            target.stopped = True
+            self._cancel(target)
         try:
-            ctx.stream.send(None, final=True)
+            ctx.stream.send({}, final=True)  # an empty response, as NVIDIA's: every client sees its end
         except Exception:
             log.warning("could not answer a stop request", exc_info=True)
 
@@ -222,7 +229,7 @@ class Poller:
                     continue  # already ended (failed send, shutdown): the executor's late steps are dropped
                 if step.is_final:
                     del self._open[step.request_id]
-                    self._by_triton_id.pop(ctx.triton_request_id, None)
+                    self._unregister_id(ctx)
                 routed.append((ctx, step))
         return routed
 
@@ -298,19 +305,28 @@ class Poller:
         last = steps[-1]
         new_tokens = [t for s in steps for t in s.token_ids]
         new_log_probs = [p for s in steps for p in (s.log_probs or [])]
+        new_logits = [s.generation_logits for s in steps if s.generation_logits is not None]
         now = time.monotonic_ns()
-        if new_tokens:
+        if new_tokens or last.beams is not None:
             ctx.first_token_ns = ctx.first_token_ns or now
             ctx.last_token_ns = now
         ctx.num_output_tokens += len(new_tokens)
         ctx.log_probs.extend(new_log_probs)
         if last.cum_log_prob is not None:
             ctx.cum_log_prob = last.cum_log_prob
+        if ctx.parsed.generation.return_context_logits or ctx.parsed.return_perf_metrics:  # off the common path
+            for step in steps:
+                if step.context_logits is not None:
+                    ctx.context_logits = step.context_logits
+                for name in ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks"):
+                    if getattr(step, name) is not None:
+                        ctx.kv_cache_blocks[name] = getattr(step, name)
         final = last.is_final and final_allowed
         error = next((s.error for s in steps if s.error), None)
         streaming = ctx.parsed.generation.streaming
         if not streaming:
             ctx.output_ids.extend(new_tokens)
+            ctx.generation_logits.extend(new_logits)
 
         if error is not None:
             self._finish(ctx, "error")
@@ -318,41 +334,85 @@ class Poller:
             return
         if final:
             self._finish(ctx, last.finish_reason.value)
+        client_cancelled = final and last.finish_reason is FinishReason.CANCELLED and not ctx.stopped
         if streaming:
-            outputs = None
             text = self._text_delta(ctx, new_tokens, final)
-            if new_tokens or last.beams is not None or text or (final and ctx.parsed.wants_final_outputs):
-                outputs = self._outputs(ctx, new_tokens, text, new_log_probs, last)
-            if last.finish_reason is FinishReason.CANCELLED and final:
-                if outputs is not None:
+            outputs = None
+            # A final response always carries outputs (empty if nothing is new): tritonclient hands a flag-only
+            # final to no callback, so a client would never see its request end.
+            if new_tokens or last.beams is not None or text or final:
+                outputs = self._outputs(ctx, new_tokens, text, new_log_probs, last, new_logits)
+            if client_cancelled:
+                if new_tokens or text:
                     ctx.stream.send(outputs, final=False)
                 ctx.stream.send_error(ErrorCode.CANCELLED, "request cancelled")
-            elif outputs is not None or final:
+            elif outputs is not None:
                 ctx.stream.send(outputs, final=final)
         elif final:
-            if last.finish_reason is FinishReason.CANCELLED:
+            if client_cancelled:
                 ctx.stream.send_error(ErrorCode.CANCELLED, "request cancelled")
                 return
-            tokens = ctx.output_ids
-            if not ctx.parsed.generation.exclude_input_in_output:
-                tokens = ctx.parsed.prompt_ids + tokens
+            prompt = [] if ctx.parsed.generation.exclude_input_in_output else ctx.parsed.prompt_ids
+            tokens = prompt + ctx.output_ids
             text = None
-            if ctx.parsed.text_mode:
+            if ctx.parsed.text_mode and last.beams is None:
                 text = self._text_delta(ctx, tokens, True)
-            ctx.stream.send(self._outputs(ctx, tokens, text, ctx.log_probs, last), final=True)
+            ctx.stream.send(self._outputs(ctx, tokens, text, ctx.log_probs, last, ctx.generation_logits, prompt), final=True)
 
-    def _outputs(self, ctx: RequestContext, tokens: list[int], text: str | None, log_probs: list[float], last: Step):
-        return response_outputs(
-            ctx.parsed,
-            tokens,
-            text,
-            log_probs,
-            ctx.cum_log_prob,
-            ctx.finish_reason,
-            ctx.num_output_tokens,
+    def _outputs(
+        self,
+        ctx: RequestContext,
+        tokens: list[int],
+        text: str | None,
+        log_probs: list[float],
+        last: Step,
+        generation_logits: list,
+        prompt: list[int] | None = None,
+    ) -> dict:
+        if last.beams is not None:  # every beam in full so far
+            beams = [(prompt or []) + beam for beam in last.beams]
+            texts = [self._decode(beam) for beam in beams] if ctx.parsed.text_mode else None
+            beam_log_probs, cum = last.beam_log_probs, last.beam_cum_log_probs
+        else:
+            beams, texts = [tokens], [text or ""]
+            beam_log_probs = [log_probs]
+            cum = None if ctx.cum_log_prob is None else [ctx.cum_log_prob]
+        content = ResponseContent(
+            beams=beams,
+            texts=texts,
+            log_probs=beam_log_probs,
+            cum_log_probs=cum,
+            finish_reason=ctx.finish_reason,
+            num_output_tokens=ctx.num_output_tokens,
             sequence_index=last.sequence_index,
-            beams=last.beams,
+            context_logits=ctx.context_logits,
+            generation_logits=_concat_logits(generation_logits) if generation_logits else None,
+            perf=self._perf(ctx) if ctx.parsed.return_perf_metrics else None,
         )
+        # Context logits go with every response, as TensorRT-LLM's results carry them (NVIDIA's client keeps the last).
+        return response_outputs(ctx.parsed, content)
+
+    @staticmethod
+    def _perf(ctx: RequestContext) -> dict[str, float]:
+        # Timestamps on the steady clock, as TensorRT-LLM's (time.monotonic_ns is CLOCK_MONOTONIC, as its
+        # std::chrono::steady_clock on Linux). First scheduled = handed to the executor; no speculative decoding
+        # here, so the draft-token counts are truly 0.
+        return {
+            "arrival_time_ns": ctx.arrival_ns,
+            "first_scheduled_time_ns": ctx.enqueued_ns,
+            "first_token_time_ns": ctx.first_token_ns,
+            "last_token_time_ns": ctx.last_token_ns,
+            "acceptance_rate": 0.0,
+            "total_accepted_draft_tokens": 0,
+            "total_draft_tokens": 0,
+            **ctx.kv_cache_blocks,
+        }
+
+    def _decode(self, tokens: list[int]) -> str:
+        if self.detokenizer_factory is None:
+            return ""
+        detokenizer = self.detokenizer_factory()
+        return detokenizer.push(tokens) + detokenizer.flush()
 
     @staticmethod
     def _text_delta(ctx: RequestContext, tokens: list[int], final: bool) -> str | None:
@@ -378,7 +438,14 @@ class Poller:
         with self._lock:
             if self._open.get(ctx.executor_id) is ctx:
                 del self._open[ctx.executor_id]
-            if self._by_triton_id.get(ctx.triton_request_id) is ctx:
+            self._unregister_id(ctx)
+
+    def _unregister_id(self, ctx: RequestContext) -> None:
+        """Forget `ctx` under its Triton request id (caller holds `_lock`)."""
+        siblings = self._by_triton_id.get(ctx.triton_request_id)
+        if siblings is not None and ctx in siblings:
+            siblings.remove(ctx)
+            if not siblings:
                 del self._by_triton_id[ctx.triton_request_id]
 
     def _cancel(self, ctx: RequestContext) -> None:
@@ -437,3 +504,7 @@ def _is_send_error(exc: Exception) -> bool:
     # Triton's stub raises TritonModelException when a response can no longer be sent.
     return type(exc).__name__ == "TritonModelException"
 
+
+def _concat_logits(parts: list):
+    """Per-step [beams, tokens, vocab] logits -> one [beams, tokens, vocab] array."""
+    return parts[0] if len(parts) == 1 else np.concatenate([np.asarray(part) for part in parts], axis=1)

@@ -47,7 +47,15 @@ class RequestContext:
     cum_log_prob: float | None = None
     num_output_tokens: int = 0
     finish_reason: str | None = None
+    # Requested logits, kept for the final response of a non-streaming request.
+    context_logits: object | None = None
+    generation_logits: list = field(default_factory=list)
+    # KV-cache block counts for return_perf_metrics (the executor's latest; None where it counts none).
+    kv_cache_blocks: dict[str, int] = field(default_factory=dict)
     cancel_requested: bool = False
+    # Cancelled by NVIDIA's `stop` input (not by its own client): it ends with a normal final response carrying
+    # the tokens so far and finish reason "cancelled", as in NVIDIA's model; a client that cancelled gets CANCELLED.
+    stopped: bool = False
     # Poller state, under the poller's work lock: steps and failures not yet delivered, and whether the request
     # is in the ready queue or being delivered (then it is not queued again).
     mailbox: list = field(default_factory=list)
@@ -60,3 +68,53 @@ class RequestContext:
     enqueued_ns: int = 0
     first_token_ns: int = 0
     last_token_ns: int = 0
+
+
+class BatchStream:
+    """One Triton response stream shared by the sequences of a batched request (NVIDIA's batch of several prompts
+    in one request): each sequence's responses carry its `batch_index`, as NVIDIA's do, and the FINAL flag goes
+    with the final response of the last sequence to end. An error ends the whole request (the other sequences then
+    report cancelled, so the poller stops them)."""
+
+    def __init__(self, stream: ResponseStream, size: int) -> None:
+        self._stream = stream
+        self._open = size
+        self._closed = False
+        self._lock = threading.Lock()
+        self.members = [_BatchMember(self, index) for index in range(size)]
+
+    def send(self, index: int, outputs: dict[str, np.ndarray] | None, final: bool) -> None:
+        with self._lock:  # one sender at a time: the stream's last response must be the only FINAL
+            if self._closed:
+                return
+            self._open -= 1 if final else 0
+            last = final and self._open == 0
+            outputs = {**(outputs or {}), "batch_index": np.array([[index]], dtype=np.int32)}
+            self._stream.send(outputs, final=last)
+            self._closed = last
+
+    def send_error(self, index: int, code: ErrorCode, message: str) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._stream.send_error(code, f"batch_index {index}: {message}")
+
+    def is_cancelled(self) -> bool:
+        with self._lock:  # never asks Triton about a request whose final response has gone
+            return self._closed or self._stream.is_cancelled()
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchMember:
+    batch: BatchStream
+    index: int
+
+    def send(self, outputs: dict[str, np.ndarray] | None, final: bool) -> None:
+        self.batch.send(self.index, outputs, final)
+
+    def send_error(self, code: ErrorCode, message: str) -> None:
+        self.batch.send_error(self.index, code, message)
+
+    def is_cancelled(self) -> bool:
+        return self.batch.is_cancelled()

@@ -18,6 +18,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 # `serve --executor NAME` passes the override to the model (trtllm_model.model) through this variable.
 EXECUTOR_OVERRIDE_ENV = "TRTLLM_TRITON_EXECUTOR"
+# How long tritonserver waits for its models to unload on a stop before it exits anyway. Every open stream ends
+# within about a second of a stop (see docs/reliability.md); set Kubernetes' terminationGracePeriodSeconds above it.
+EXIT_TIMEOUT_S = 15
 
 
 def pytriton_dir() -> Path:
@@ -100,6 +103,7 @@ def server_command(options: ServerOptions) -> list[str]:
         "--allow-metrics=true",
         "--allow-cpu-metrics=true",
         f"--log-verbose={options.log_verbose}",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         *options.extra_args,
     ]
 

@@ -9,6 +9,8 @@ import triton_python_backend_utils as pb_utils
 from .request_context import ErrorCode
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# Request ids the `ensemble` model gives the requests it forwards here (see send_error).
+FORWARDED_ID_PREFIX = "ensemble-"
 
 
 def triton_error(code: ErrorCode, message: str):
@@ -30,14 +32,17 @@ def request_parameters_json(request) -> str:
 class TritonStream:
     """A request's response sender, behind the poller's ResponseStream protocol."""
 
-    __slots__ = ("_request", "_sender")
+    __slots__ = ("_request", "_sender", "_forwarded", "_started")
 
     def __init__(self, request) -> None:
         self._request = request
         self._sender = request.get_response_sender()
+        self._forwarded = request.request_id().startswith(FORWARDED_ID_PREFIX)
+        self._started = False  # a response was sent
 
     def send(self, outputs: dict[str, np.ndarray] | None, final: bool) -> None:
         flags = _FINAL if final else 0
+        self._started = True
         if outputs is None:
             self._sender.send(flags=flags)
             return
@@ -45,7 +50,14 @@ class TritonStream:
         self._sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
 
     def send_error(self, code: ErrorCode, message: str) -> None:
-        self._sender.send(pb_utils.InferenceResponse(error=triton_error(code, message)), flags=_FINAL)
+        response = pb_utils.InferenceResponse(error=triton_error(code, message))
+        if self._forwarded and self._started:
+            # A BLS caller (the `ensemble` model) never receives an error response that follows earlier responses
+            # (Triton 2.51's Python backend loses it, and the caller's iterator then waits forever, which holds
+            # the server's stop until its exit timeout). A flag-only final arrives; the caller tells why.
+            self._sender.send(flags=_FINAL)
+            return
+        self._sender.send(response, flags=_FINAL)
 
     def is_cancelled(self) -> bool:
         return self._request.is_cancelled()

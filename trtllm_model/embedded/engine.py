@@ -163,7 +163,7 @@ class Engine:
             self._publish(self._accept(self.running, logits))
         for group in prefill_groups(admitted):
             logits, group_cache = self.runner.prefill([sequence.token_ids for sequence in group])
-            self._publish(self._accept(group, logits))
+            self._publish(self._accept(group, logits, prefill=True))
             self.cache.append_rows(group_cache)
             self.running.extend(group)
         self._free_finished_rows()
@@ -185,10 +185,17 @@ class Engine:
         self._free_finished_rows()
         return steps
 
-    def _accept(self, sequences: list[Sequence], logits: torch.Tensor) -> list[Step]:
+    def _accept(self, sequences: list[Sequence], logits: torch.Tensor, prefill: bool = False) -> list[Step]:
         tokens, log_probs = sample_next_tokens(logits, [sequence.sampling_state() for sequence in sequences])
         max_positions = self.runner.max_positions
-        return [sequence.accept(t, lp, max_positions) for sequence, t, lp in zip(sequences, tokens, log_probs)]
+        steps = [sequence.accept(t, lp, max_positions) for sequence, t, lp in zip(sequences, tokens, log_probs)]
+        for row, (sequence, step) in enumerate(zip(sequences, steps, strict=True)):
+            # Logits only for requests that asked (NVIDIA's return_*_logits): the copies cost a vocabulary each.
+            if sequence.want_generation_logits and step.token_ids:
+                step.generation_logits = logits[row].float().cpu().numpy()[None, None]  # [beams, tokens, vocab]
+            if prefill and sequence.want_context_logits:
+                step.context_logits = self.runner.prompt_logits(sequence.token_ids[: sequence.prompt_len])
+        return steps
 
     def _free_finished_rows(self) -> None:
         finished = [row for row, sequence in enumerate(self.running) if sequence.is_finished]

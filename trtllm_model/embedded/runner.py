@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 
+import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -64,6 +65,12 @@ class ModelRunner:
         logits = self._forward(ids.to(self.device), cache.prefill_mask(lengths), positions.to(self.device), cache)
         cache.finish_prefill(lengths)
         return logits, cache
+
+    def prompt_logits(self, prompt: list[int]) -> np.ndarray:
+        """`[prompt tokens, vocab]` logits at every prompt position (NVIDIA's context_logits): a forward of its own,
+        without a cache, paid only by requests that ask for them."""
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        return self.model(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
 
     def decode(self, cache: BatchKVCache, last_tokens: list[int]) -> torch.Tensor:
         """One token per row (its previous output); returns `[rows, vocab]` logits."""

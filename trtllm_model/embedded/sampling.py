@@ -38,11 +38,12 @@ class SamplingParams:
     @classmethod
     def from_request(cls, request: GenerationRequest, vocab_size: int) -> SamplingParams:
         top_k = request.top_k or 0
-        top_p = request.top_p if request.top_p is not None and 0.0 < request.top_p < 1.0 else 1.0
+        top_p_set = request.top_p is not None and request.top_p > 0.0
+        top_p = request.top_p if top_p_set and request.top_p < 1.0 else 1.0
         temperature = request.temperature or 0.0
-        # Greedy: top_k 1, or no temperature and no cut (the interface's rule). A cut without a temperature samples
-        # at temperature 1.
-        greedy = top_k == 1 or (temperature == 0.0 and top_k == 0 and top_p == 1.0)
+        # Greedy: top_k 1, or no temperature, top_k nor top_p (the interface's rule). top_k or top_p without a
+        # temperature samples at temperature 1, top_p 1.0 included (as TensorRT-LLM: it is set, with no cut).
+        greedy = top_k == 1 or (temperature == 0.0 and top_k == 0 and not top_p_set)
         bias = None
         if request.embedding_bias is not None:
             bias = torch.tensor(request.embedding_bias, dtype=torch.float32)

@@ -33,6 +33,10 @@ class Sequence:
     finish_reason: FinishReason = FinishReason.NOT_FINISHED
     output_counts: dict[int, int] = field(default_factory=dict)
     cum_log_prob: float = 0.0
+    # NVIDIA's return_context_logits / return_generation_logits: raw model logits, before any sampling step.
+    want_context_logits: bool = False
+    want_generation_logits: bool = False
+    want_perf_metrics: bool = False
 
     @classmethod
     def from_request(
@@ -58,6 +62,9 @@ class Sequence:
             stop_words=[list(word) for word in request.stop_words if word],
             sampling=sampling,
             generator=generator,
+            want_context_logits=request.return_context_logits,
+            want_generation_logits=request.return_generation_logits,
+            want_perf_metrics=request.return_perf_metrics,
             deadline=deadline,
             token_ids=list(request.input_ids),
         )
@@ -113,7 +120,7 @@ class Sequence:
 
     def step(self, tokens: list[int], log_prob: float | None = None) -> Step:
         want_log_probs = self.sampling.log_probs
-        return Step(
+        step = Step(
             request_id=self.request_id,
             token_ids=tokens,
             is_final=self.is_finished,
@@ -121,3 +128,9 @@ class Sequence:
             log_probs=([log_prob] if tokens else []) if want_log_probs else None,
             cum_log_prob=self.cum_log_prob if want_log_probs else None,
         )
+        if self.want_perf_metrics:
+            # The cache holds one token per slot ("block" of 1, as the iteration stats count it), none shared.
+            held = len(self.token_ids)
+            step.kv_cache_alloc_total_blocks = step.kv_cache_alloc_new_blocks = held
+            step.kv_cache_reused_blocks = 0
+        return step

@@ -3,6 +3,14 @@
 Token `i` (0-based) of a request is `(input_ids[-1] + 1 + i) % vocab_size`, so a test can predict every token.
 Each step every active request gains one token; waiting requests join at the next step while slots are free.
 
+Paged KV cache (on when NVIDIA's `max_tokens_in_paged_kv_cache` is set): a fixed pool of
+max_tokens_in_paged_kv_cache / synthetic_tokens_per_block blocks. A sequence holds ceil(length / tokens_per_block)
+blocks (prompt plus tokens so far), taken as it grows and returned when it ends. Admission follows TensorRT-LLM's
+default scheduler policy, GUARANTEED_NO_EVICT: a waiting request joins only while the pool can hold every admitted
+sequence at its full length (prompt + max_tokens), first come first served; otherwise it waits. Each iteration
+reports the pool as IterationStats.kv_cache (NVIDIA's nv_trt_llm_kv_cache_block_metrics). A request that could
+never fit (prompt + max_tokens beyond the whole pool) is rejected at enqueue.
+
 Faults (GenerationRequest.faults, from request parameters `synthetic_fault_<name>`, e.g. synthetic_fault_crash_at=3):
   reject           enqueue raises RequestRejected
   error_at=N       the request ends with an error step after N tokens
@@ -24,12 +32,13 @@ from ..executor_interface import (
     FinishReason,
     GenerationRequest,
     IterationStats,
+    KvCacheStats,
     RequestRejected,
     Step,
 )
 from ..params import Params
 
-PARAMETERS = frozenset({"synthetic_step_ms", "synthetic_vocab_size"})
+PARAMETERS = frozenset({"synthetic_step_ms", "synthetic_vocab_size", "synthetic_tokens_per_block"})
 FAULTS = ("reject", "error_at", "crash_at", "stall_ms")
 
 
@@ -45,6 +54,47 @@ class _Sequence:
     generated: int = 0
     cancelled: bool = False
     started: float = field(default_factory=time.monotonic)
+    blocks: int = 0  # KV-cache blocks held now
+
+
+class PagedKvCache:
+    """The block pool's accounting: blocks held now, blocks promised to admitted sequences at full length."""
+
+    def __init__(self, max_blocks: int, tokens_per_block: int) -> None:
+        self.max_blocks = max_blocks
+        self.tokens_per_block = tokens_per_block
+        self.used = 0
+        self.reserved = 0
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.tokens_per_block)
+
+    def full_length_blocks(self, request: GenerationRequest) -> int:
+        return self.blocks_for(len(request.input_ids) + request.max_tokens)
+
+    def admit(self, seq: _Sequence) -> bool:
+        """Take the prompt's blocks if every admitted sequence can still reach its full length; else False."""
+        need = self.full_length_blocks(seq.request)
+        if self.reserved + need > self.max_blocks:
+            return False
+        self.reserved += need
+        self.grow(seq)
+        return True
+
+    def grow(self, seq: _Sequence) -> None:
+        """Blocks for the sequence's length now (prompt + tokens so far); a new block each tokens_per_block tokens."""
+        blocks = self.blocks_for(len(seq.request.input_ids) + seq.generated)
+        self.used += blocks - seq.blocks
+        seq.blocks = blocks
+
+    def release(self, seq: _Sequence) -> None:
+        self.used -= seq.blocks
+        self.reserved -= self.full_length_blocks(seq.request)
+        seq.blocks = 0
+
+    def stats(self) -> KvCacheStats:
+        return KvCacheStats(max_blocks=self.max_blocks, free_blocks=self.max_blocks - self.used,
+                            used_blocks=self.used, tokens_per_block=self.tokens_per_block)
 
 
 class SyntheticTokenizer:
@@ -69,10 +119,14 @@ class SyntheticTokenizer:
 
 
 class SyntheticExecutor(Executor):
-    def __init__(self, step_ms: float = 10.0, max_batch_size: int = 64, vocab_size: int = 32000) -> None:
+    def __init__(
+        self, step_ms: float = 10.0, max_batch_size: int = 64, vocab_size: int = 32000,
+        kv_cache_tokens: int | None = None, tokens_per_block: int = 32,
+    ) -> None:
         self.step_s = step_ms / 1000.0
         self.max_batch_size = max_batch_size
         self.vocab_size = vocab_size
+        self.kv_cache = None if kv_cache_tokens is None else PagedKvCache(kv_cache_tokens // tokens_per_block, tokens_per_block)
         self._ids = itertools.count(1)
         # One lock, two conditions: work arriving wakes only the engine, steps ready wake only the awaiters.
         mutex = threading.RLock()
@@ -94,6 +148,13 @@ class SyntheticExecutor(Executor):
             raise RequestRejected("synthetic_fault: request rejected by the executor")
         if request.beam_width != 1:
             raise RequestRejected("beam_width: the synthetic executor supports only 1", unsupported=True)
+        if self.kv_cache and self.kv_cache.full_length_blocks(request) > self.kv_cache.max_blocks:
+            raise RequestRejected(
+                f"max_tokens: prompt + max_tokens ({len(request.input_ids)} + {request.max_tokens} tokens) needs "
+                f"{self.kv_cache.full_length_blocks(request)} KV-cache blocks; the pool has {self.kv_cache.max_blocks}"
+            )
+        if request.num_return_sequences != 1:
+            raise RequestRejected("num_return_sequences: the synthetic executor returns one sequence", unsupported=True)
         with self._lock:
             if self._dead:
                 raise ExecutorError(self._dead)
@@ -176,6 +237,8 @@ class SyntheticExecutor(Executor):
 
     def _admit_and_stall_ms(self) -> float:
         while self._waiting and len(self._active) < self.max_batch_size:
+            if self.kv_cache and not self.kv_cache.admit(self._waiting[0]):
+                break  # first come first served: the head waits for blocks, nobody overtakes it
             seq = self._waiting.popleft()
             self._active[seq.request_id] = seq
         return max((float(s.request.faults.get("stall_ms", 0)) for s in self._active.values()), default=0.0)
@@ -191,6 +254,10 @@ class SyntheticExecutor(Executor):
             self._ready.append(step)
             if step.is_final:
                 del self._active[request_id]
+                if self.kv_cache:
+                    self.kv_cache.release(seq)
+            elif self.kv_cache:
+                self.kv_cache.grow(seq)
         self._stats.append(
             IterationStats(
                 timestamp=time.time(),
@@ -200,6 +267,7 @@ class SyntheticExecutor(Executor):
                 max_active_requests=self.max_batch_size,
                 scheduled_requests=len(self._active),
                 tokens_in_step=len(self._active),
+                kv_cache=self.kv_cache.stats() if self.kv_cache else None,
             )
         )
         del self._stats[:-1000]
@@ -240,4 +308,6 @@ def create(params: Params) -> SyntheticExecutor:
         step_ms=params.float("synthetic_step_ms", 10.0, minimum=0.0),
         max_batch_size=params.int("max_batch_size", 64, minimum=1),
         vocab_size=params.int("synthetic_vocab_size", 32000, minimum=2),
+        kv_cache_tokens=params.int("max_tokens_in_paged_kv_cache", None, minimum=1),
+        tokens_per_block=params.int("synthetic_tokens_per_block", 32, minimum=1),
     )

@@ -49,6 +49,8 @@ DEFAULT_MAX_NUM_TOKENS = 2048
 
 
 class TransformersExecutor(Executor):
+    optional_inputs = frozenset({"return_context_logits", "return_generation_logits"})
+
     def __init__(
         self,
         model: torch.nn.Module,

@@ -13,12 +13,15 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..build_limits import check_within_build
 from ..executor_interface import (
+    BuildLimits,
     Executor,
     ExecutorError,
     GenerationRequest,
@@ -81,20 +84,62 @@ def engine_dir_from(params: Params) -> Path:
     if not config.is_file() or not os.access(config, os.R_OK):
         raise ConfigError(f"parameter gpt_model_path={value}: no readable config.json, so not a TensorRT-LLM engine "
                           "directory; point it at trtllm-build's --output_dir (check the mount and file permissions)")
-    engines = sorted(path.glob("rank*.engine"))
+    # rank<r>.engine from trtllm-build; <name>_<precision>_tp<n>[_pp<n>]_rank<r>.engine from the older builder.
+    engines = sorted(path.glob("*rank[0-9]*.engine"))
     if not engines or not all(os.access(engine, os.R_OK) for engine in engines):
         raise ConfigError(f"parameter gpt_model_path={value}: no readable rank*.engine file; run trtllm-build "
                           "and check the mount and file permissions")
     return path
 
 
-def engine_vocab_size(engine_dir: Path) -> int | None:
-    """vocab_size from the engine's config.json (trtllm-build writes it under pretrained_config)."""
+def _engine_config(engine_dir: Path) -> tuple[dict, dict, str]:
+    """(config.json, its build section, the section's name). As TensorRT-LLM's own parser: a top-level
+    "version" (trtllm-build) means "build_config" with the model under "pretrained_config"; none means the
+    older builder's "builder_config", which holds the model fields too."""
+    path = engine_dir / "config.json"
     try:
-        config = json.loads((engine_dir / "config.json").read_text())
-        return int(config["pretrained_config"]["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"parameter gpt_model_path={engine_dir}: cannot read {path} as JSON ({exc})") from exc
+    section = "build_config" if "version" in config else "builder_config"
+    build = config.get(section) if isinstance(config, dict) else None
+    if not isinstance(build, dict):
+        raise ConfigError(f"parameter gpt_model_path={engine_dir}: {path} has no {section!r} section, so it is "
+                          "not a TensorRT-LLM engine config; rebuild the engine with trtllm-build")
+    return config, build, section
+
+
+def _positive(section: dict, key: str) -> int | None:
+    """A limit from the config; missing or 0 (TensorRT-LLM's "not set") is None."""
+    try:
+        value = int(section.get(key) or 0)
+    except (TypeError, ValueError):
         return None
+    return value if value > 0 else None
+
+
+def engine_build_limits(engine_dir: Path) -> BuildLimits:
+    """max_input_len, max_seq_len, max_beam_width and max_batch_size the engine was built with."""
+    _, build, section = _engine_config(engine_dir)
+    max_input_len = _positive(build, "max_input_len")
+    max_seq_len = _positive(build, "max_seq_len")
+    output_len = _positive(build, "max_output_len")  # builders before max_seq_len: input + output
+    if max_seq_len is None and max_input_len is not None and output_len is not None:
+        max_seq_len = max_input_len + output_len
+    return BuildLimits(
+        max_input_len=max_input_len,
+        max_seq_len=max_seq_len,
+        max_beam_width=_positive(build, "max_beam_width"),
+        max_batch_size=_positive(build, "max_batch_size"),
+        source=f"the engine in {engine_dir} ({section} in config.json)",
+    )
+
+
+def engine_vocab_size(engine_dir: Path) -> int | None:
+    """vocab_size from the engine's config.json (pretrained_config, or builder_config in older engines)."""
+    config, build, section = _engine_config(engine_dir)
+    model = config.get("pretrained_config", {}) if section == "build_config" else build
+    return _positive(model, "vocab_size")
 
 
 def orchestrator_worker_path(params: Params) -> str | None:
@@ -129,6 +174,9 @@ def load_tokenizer(params: Params) -> Tokenizer | None:
 
 
 class TrtllmEngineExecutor(Executor):
+    # Guided decoding is added where the executor was built with a GuidedDecodingConfig (create()).
+    optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "lora"})
+
     def __init__(self, tle: ModuleType, engine: Any, tokenizer: Tokenizer | None = None) -> None:
         self._tle = tle
         self._engine = engine
@@ -137,6 +185,7 @@ class TrtllmEngineExecutor(Executor):
         self._dead: str | None = None
         self._closed = False
         self._shutdown_lock = threading.Lock()
+        self._streaming_logits: set[int] = set()  # streaming requests that asked for generation logits
 
     @property
     def is_leader(self) -> bool:
@@ -151,7 +200,10 @@ class TrtllmEngineExecutor(Executor):
         except (TypeError, ValueError, RuntimeError) as exc:
             raise RequestRejected(f"TensorRT-LLM rejected the request: {exc}") from exc
         try:
-            return self._engine.enqueue_request(trt_request)
+            request_id = self._engine.enqueue_request(trt_request)
+            if request.streaming and request.return_generation_logits:
+                self._streaming_logits.add(request_id)
+            return request_id
         except Exception as exc:
             self._raise_if_unusable()
             if self.health_error():
@@ -179,7 +231,11 @@ class TrtllmEngineExecutor(Executor):
                 return []
             self._dead = f"TensorRT-LLM executor failed: {exc}"
             raise ExecutorError(self._dead) from exc
-        return [step_from_response(response) for response in responses]
+        steps = [step_from_response(r, r.request_id in self._streaming_logits) for r in responses]
+        for step in steps:
+            if step.is_final:
+                self._streaming_logits.discard(step.request_id)
+        return steps
 
     def cancel(self, request_id: int) -> None:
         if self._closed or not self._is_leader:
@@ -227,13 +283,15 @@ def create(params: Params) -> TrtllmEngineExecutor:
         raise ConfigError("parameter encoder_model_path: encoder-decoder engines are not supported by "
                           "executor=trtllm_engine; unset it")
     engine_dir = engine_dir_from(params)
+    build = engine_build_limits(engine_dir)
+    check_within_build(params, build)  # before the (slow) engine load
     worker_path = orchestrator_worker_path(params)
     ignored = ignored_parameters(params)
     if ignored:
         log.warning("executor=trtllm_engine ignores these set parameters: %s", ", ".join(ignored))
     tokenizer = load_tokenizer(params)
     tle = import_tensorrt_llm("tensorrt_llm.bindings.executor", "trtllm_engine")
-    config = executor_config(tle, params, worker_path)
+    config = executor_config(tle, params, worker_path, tokenizer)
     try:
         engine = tle.Executor(str(engine_dir), tle.ModelType.DECODER_ONLY, config)
     except Exception as exc:
@@ -244,6 +302,12 @@ def create(params: Params) -> TrtllmEngineExecutor:
         ) from exc
     executor = TrtllmEngineExecutor(tle, engine, tokenizer)
     executor.vocab_size = engine_vocab_size(engine_dir)
+    # The executor serves at most the beam width it was configured with (ExecutorConfig's default is 1).
+    beam_width = min(filter(None, (build.max_beam_width, config.max_beam_width)), default=None)
+    executor.build_limits = replace(build, max_beam_width=beam_width,
+                                    max_batch_size=config.max_batch_size or build.max_batch_size)
+    if config.guided_decoding_config is not None:
+        executor.optional_inputs = TrtllmEngineExecutor.optional_inputs | {"guided_decoding"}
     if not executor.is_leader:
         log.info("this rank is a TensorRT-LLM worker in leader mode: it serves no requests")
     return executor

@@ -11,12 +11,15 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..build_limits import check_within_build
 from ..executor_interface import (
+    BuildLimits,
     Executor,
     ExecutorError,
     FinishReason,
@@ -56,6 +59,10 @@ class _Live:
 
 
 class LlmApiExecutor(Executor):
+    # LoRA here takes adapters by path (LoRARequest), not NVIDIA's weight tensors; guided decoding needs the LLM
+    # built with a guided-decoding backend: both UNSUPPORTED.
+    optional_inputs = frozenset({"return_context_logits", "return_generation_logits"})
+
     def __init__(self, llm: Any, sampling_params_cls: type) -> None:
         self._llm = llm
         self._sampling_params_cls = sampling_params_cls
@@ -211,6 +218,7 @@ def create(params: Params) -> LlmApiExecutor:
     ignored = ignored_parameters(params)
     if ignored:
         log.warning("executor=trtllm_llmapi ignores these set parameters: %s", ", ".join(ignored))
+    config = checkpoint_config(checkpoint)
     tensorrt_llm = import_tensorrt_llm("tensorrt_llm", "trtllm_llmapi")
     kv_kwargs = kv_cache_kwargs(params)
     if kv_kwargs:
@@ -224,13 +232,57 @@ def create(params: Params) -> LlmApiExecutor:
             "that the checkpoint is complete and of an architecture TensorRT-LLM supports, and that "
             "tensor_parallel_size does not exceed the GPUs available"
         ) from exc
+    limits = llm_build_limits(llm.args, config, checkpoint)
+    try:
+        check_within_build(params, limits)  # the LLM resolves its defaults (max_num_tokens, ...) only when built
+    except ConfigError:
+        llm.shutdown()
+        raise
     executor = LlmApiExecutor(llm, tensorrt_llm.SamplingParams)
-    executor.vocab_size = checkpoint_vocab_size(checkpoint)
+    executor.vocab_size = checkpoint_vocab_size(config)
+    executor.build_limits = limits
     return executor
 
 
-def checkpoint_vocab_size(checkpoint: Path) -> int | None:
+def checkpoint_config(checkpoint: Path) -> dict:
     try:
-        return int(json.loads((checkpoint / "config.json").read_text())["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
+        config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"parameter hf_model_path={checkpoint}: cannot read config.json ({exc})") from exc
+    return config if isinstance(config, dict) else {}
+
+
+def checkpoint_vocab_size(config: dict) -> int | None:
+    try:
+        return int(config["vocab_size"])
+    except (KeyError, TypeError, ValueError):
         return None
+
+
+def checkpoint_max_seq_len(config: dict) -> int:
+    """The sequence length the PyTorch backend infers from a checkpoint (as its model engine does): the
+    max_position_embeddings (2048 if absent), times the rope scaling factor for linear-style rope types."""
+    length = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    length = int(length or 2048)
+    rope = config.get("rope_scaling") or {}
+    if rope.get("type", rope.get("rope_type")) not in ("su", "longrope", "llama3", "yarn"):
+        length = math.ceil(length * float(rope.get("factor", 1.0)))
+    return length
+
+
+def llm_build_limits(args: Any, config: dict, checkpoint: Path) -> BuildLimits:
+    """What the LLM serves, from its resolved arguments (`LLM.args`) and the checkpoint.
+
+    max_seq_len: `max_seq_len` when given, never above what the checkpoint supports. A prompt over
+    `max_num_tokens` is refused unless chunked prefill is on (LLM.generate_async's check on the PyTorch backend).
+    """
+    inferred = checkpoint_max_seq_len(config)
+    asked = getattr(args, "max_seq_len", None)
+    chunked = bool(getattr(args, "enable_chunked_prefill", False))
+    return BuildLimits(
+        max_input_len=None if chunked else getattr(args, "max_num_tokens", None),
+        max_seq_len=min(asked, inferred) if asked else inferred,
+        max_beam_width=getattr(args, "max_beam_width", None) or 1,
+        max_batch_size=getattr(args, "max_batch_size", None),
+        source=f"the LLM over {checkpoint} (max_position_embeddings, LLM arguments)",
+    )

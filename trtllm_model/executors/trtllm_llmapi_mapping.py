@@ -22,7 +22,7 @@ from ..executor_interface import (
     Tokenizer,
 )
 from ..params import ConfigError, Params
-from .trtllm_mapping import stats_timestamp
+from .trtllm_mapping import logits_array, stats_timestamp
 
 # The LLM API's finish_reason strings ('stop' is split by stop_reason: None means the end token).
 FINISH_REASONS = {"length": FinishReason.LENGTH, "timeout": FinishReason.TIMED_OUT, "cancelled": FinishReason.CANCELLED}
@@ -121,6 +121,8 @@ def sampling_kwargs(
         bad_token_ids=bad_ids or None,
         bad=bad_texts or None,
         logprobs=1 if request.return_log_probs else None,
+        return_context_logits=request.return_context_logits or None,
+        return_generation_logits=request.return_generation_logits or None,
     )
     if request.embedding_bias is not None:
         kwargs["embedding_bias"] = to_tensor(request.embedding_bias)
@@ -170,14 +172,16 @@ def steps_from_output(request_id: int, output: Any, state: OutputState) -> list[
     steps: list[Step] = []
     if state.beam_search:
         first = output.outputs[0]
-        steps.append(
-            Step(
-                request_id,
-                beams=[list(o.token_ids) for o in output.outputs],
-                finish_reason=finish_reason(first.finish_reason, first.stop_reason, state.timed_out),
-                cum_log_prob=first.cumulative_logprob if state.want_log_probs else None,
-            )
+        step = Step(
+            request_id,
+            beams=[list(o.token_ids) for o in output.outputs],
+            finish_reason=finish_reason(first.finish_reason, first.stop_reason, state.timed_out),
+            cum_log_prob=first.cumulative_logprob if state.want_log_probs else None,
         )
+        if state.want_log_probs:  # every beam in full, as its tokens
+            step.beam_log_probs = [log_probs_of(list(o.logprobs or []), list(o.token_ids)) for o in output.outputs]
+            step.beam_cum_log_probs = [float(o.cumulative_logprob or 0.0) for o in output.outputs]
+        steps.append(step)
     else:
         for completion in output.outputs:
             if completion.index in state.finished_sequences:
@@ -190,9 +194,15 @@ def steps_from_output(request_id: int, output: Any, state: OutputState) -> list[
             if state.want_log_probs:
                 step.log_probs = log_probs_of(list(completion.logprobs_diff or []), tokens)
                 step.cum_log_prob = completion.cumulative_logprob
+            logits = getattr(completion, "generation_logits", None)  # cumulative; set only when asked for
+            if logits is not None and tokens:
+                step.generation_logits = logits_array(logits)[-len(tokens):][None]  # this step's rows: [beams, tokens, vocab]
             if reason is not FinishReason.NOT_FINISHED:
                 state.finished_sequences.add(completion.index)
             steps.append(step)
+    context = getattr(output, "context_logits", None)
+    if context is not None and steps:
+        steps[0].context_logits = logits_array(context)
     if output.finished:
         if not steps:
             last = output.outputs[-1]

@@ -39,7 +39,7 @@ NOT_APPLIED_NVIDIA_PARAMETERS = frozenset(
         "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes", "lora_prefetch_dir", "encoder_model_path",
         "encoder_input_features_data_type", "medusa_choices", "eagle_choices", "enable_context_fmha_fp32_acc",
         "multi_block_mode", "cuda_graph_mode", "cuda_graph_cache_size", "xgrammar_tokenizer_info_path",
-        "guided_decoding_backend", "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size",
+        "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size",
         "max_num_sequences",
     }
 )
@@ -99,7 +99,27 @@ def parallel_config(
     return tle.ParallelConfig(communication_type=tle.CommunicationType.MPI, **kwargs)
 
 
-def executor_config(tle: ModuleType, params: Params, orchestrator_worker_path: str | None = None) -> Any:
+def guided_decoding_config(tle: ModuleType, params: Params, tokenizer: Any = None) -> Any | None:
+    """NVIDIA's `guided_decoding_backend=xgrammar` (+ `tokenizer_dir`) -> GuidedDecodingConfig with the tokenizer's
+    vocabulary in id order, its serialised form and its end token, which xgrammar compiles grammars against."""
+    backend = params.str("guided_decoding_backend", choices=("xgrammar",))
+    if backend is None:
+        return None
+    if tokenizer is None:
+        raise ConfigError("parameter guided_decoding_backend=xgrammar needs tokenizer_dir (the grammar is compiled "
+                          "against the tokenizer's vocabulary)")
+    vocab = tokenizer.get_vocab()
+    return tle.GuidedDecodingConfig(
+        tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR,
+        encoded_vocab=sorted(vocab, key=vocab.__getitem__),
+        tokenizer_str=tokenizer.backend_tokenizer.to_str(),
+        stop_token_ids=[tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None,
+    )
+
+
+def executor_config(
+    tle: ModuleType, params: Params, orchestrator_worker_path: str | None = None, tokenizer: Any = None
+) -> Any:
     """NVIDIA's config.pbtxt parameter names -> ExecutorConfig."""
     return tle.ExecutorConfig(
         scheduler_config=scheduler_config(tle, params),
@@ -116,6 +136,7 @@ def executor_config(tle: ModuleType, params: Params, orchestrator_worker_path: s
             gpu_weights_percent=params.float("gpu_weights_percent", minimum=0.0, maximum=1.0),
             max_queue_size=params.int("max_queue_size"),
             recv_poll_period_ms=params.int("recv_poll_period_ms", minimum=0),
+            guided_decoding_config=guided_decoding_config(tle, params, tokenizer),
         ),
     )
 
@@ -139,6 +160,28 @@ def sampling_config(tle: ModuleType, request: GenerationRequest) -> Any:
     )
 
 
+def lora_config(tle: ModuleType, request: GenerationRequest) -> Any | None:
+    """NVIDIA's lora_task_id / lora_weights / lora_config -> tle.LoraConfig (weights and config as torch tensors;
+    a task id alone uses the adapter the engine's LoRA cache already holds)."""
+    if request.lora_task_id is None:
+        return None
+    import torch  # tensorrt_llm depends on torch; the binding takes the adapter as tensors
+
+    tensors = {}
+    if request.lora_weights is not None:
+        tensors["weights"] = torch.from_numpy(request.lora_weights)
+        tensors["config"] = torch.from_numpy(request.lora_config.astype("int32"))
+    return tle.LoraConfig(request.lora_task_id, **tensors)
+
+
+def guided_decoding_params(tle: ModuleType, request: GenerationRequest) -> Any | None:
+    """NVIDIA's guided_decoding_guide_type / guided_decoding_guide -> tle.GuidedDecodingParams."""
+    if request.guided_decoding_type is None:
+        return None
+    guide_type = tle.GuidedDecodingParams.GuideType[request.guided_decoding_type.upper()]
+    return tle.GuidedDecodingParams(guide_type, **_set_only(guide=request.guided_decoding_guide))
+
+
 def to_trt_request(tle: ModuleType, request: GenerationRequest, embedding_bias: Any = None) -> Any:
     """GenerationRequest -> tle.Request; `embedding_bias` is the request's bias already as a torch tensor."""
     stop_words = [list(word) for word in request.stop_words if word]
@@ -149,7 +192,13 @@ def to_trt_request(tle: ModuleType, request: GenerationRequest, embedding_bias: 
         streaming=request.streaming,
         sampling_config=sampling_config(tle, request),
         # Steps carry generated tokens only; the poller prepends the prompt when exclude_input_in_output is false.
-        output_config=tle.OutputConfig(return_log_probs=request.return_log_probs, exclude_input_from_output=True),
+        output_config=tle.OutputConfig(
+            return_log_probs=request.return_log_probs,
+            return_context_logits=request.return_context_logits,
+            return_generation_logits=request.return_generation_logits,
+            exclude_input_from_output=True,
+            return_perf_metrics=request.return_perf_metrics,
+        ),
         **_set_only(
             end_id=request.end_id,
             pad_id=request.pad_id,
@@ -158,6 +207,8 @@ def to_trt_request(tle: ModuleType, request: GenerationRequest, embedding_bias: 
             embedding_bias=embedding_bias,
             num_return_sequences=request.num_return_sequences if request.num_return_sequences > 1 else None,
             allotted_time_ms=timedelta(milliseconds=request.allotted_time_ms) if request.allotted_time_ms else None,
+            lora_config=lora_config(tle, request),
+            guided_decoding_params=guided_decoding_params(tle, request),
         ),
     )
 
@@ -166,8 +217,11 @@ def finish_reason(trt_reason: Any) -> FinishReason:
     return FINISH_REASONS.get(getattr(trt_reason, "name", str(trt_reason)), FinishReason.NOT_FINISHED)
 
 
-def step_from_response(response: Any) -> Step:
-    """One tle.Response -> one Step. With beam_width > 1 the engine sends every beam in full: Step.beams."""
+def step_from_response(response: Any, streaming: bool = False) -> Step:
+    """One tle.Response -> one Step. With beam_width > 1 the engine sends every beam in full: Step.beams.
+
+    `streaming`: how the request was sent; TensorRT-LLM lays generation logits out [tokens, beams, vocab] when
+    streaming, [beams, tokens, vocab] otherwise."""
     if response.has_error():
         return Step(response.request_id, is_final=True, finish_reason=FinishReason.ERROR, error=response.error_msg)
     result = response.result
@@ -186,9 +240,32 @@ def step_from_response(response: Any) -> Step:
         step.token_ids = beams[0]
     if result.log_probs and len(beams) == 1:
         step.log_probs = list(result.log_probs[0])
+    elif result.log_probs:
+        step.beam_log_probs = [list(beam) for beam in result.log_probs]
+        step.beam_cum_log_probs = [float(c) for c in result.cum_log_probs or []]
     if result.cum_log_probs:
         step.cum_log_prob = float(result.cum_log_probs[0])
+    if result.context_logits is not None:
+        step.context_logits = logits_array(result.context_logits)
+    if result.generation_logits is not None:
+        logits = logits_array(result.generation_logits)
+        step.generation_logits = logits.transpose(1, 0, 2) if streaming else logits
+    perf = result.request_perf_metrics
+    if perf is not None:
+        kv = perf.kv_cache_metrics
+        step.kv_cache_alloc_new_blocks = int(kv.num_new_allocated_blocks)
+        step.kv_cache_reused_blocks = int(kv.num_reused_blocks)
+        step.kv_cache_alloc_total_blocks = int(kv.num_total_allocated_blocks)
     return step
+
+
+def logits_array(tensor: Any) -> Any:
+    """Logits from TensorRT-LLM (a torch tensor on any device, any float type) -> float32 numpy."""
+    import numpy as np
+
+    if hasattr(tensor, "detach"):
+        tensor = tensor.detach().to("cpu").float().numpy()
+    return np.asarray(tensor, dtype=np.float32)
 
 
 def stats_timestamp(text: str) -> float:

@@ -3,7 +3,10 @@
 Strict where the real binding is: keyword-only arguments passed positionally and unknown keywords raise
 TypeError; `Response.has_error()` is a method and `error_msg`/`result` raise in the other case; in
 `await_responses` an `int` selects the request-id overload and a timeout must be a timedelta or float.
-An engine directory needs `config.json` and `rank<r>.engine` (r from OMPI_COMM_WORLD_RANK, default 0).
+An engine directory needs `config.json` and its engine file (r from OMPI_COMM_WORLD_RANK, default 0): with a
+"version", `build_config` holds the limits and `rank<r>.engine` the engine; without, the older `builder_config`
+and `<name>_<precision>_tp<n>_rank<r>.engine`. As the real executor, a prompt over max_input_len fails, and
+max_tokens is cut to what max_seq_len leaves.
 FAKE_TRTLLM_WORLD_SIZE > 1 makes ranks other than 0 workers: `can_enqueue_requests()` is False there.
 """
 
@@ -168,8 +171,11 @@ class ExecutorConfig:
         extended_runtime_perf_knob_config=None,
         recv_poll_period_ms: int = 0,
         max_seq_idle_microseconds: int = 180000000,
+        guided_decoding_config: GuidedDecodingConfig | None = None,
     ) -> None:
         _check_type("max_beam_width", max_beam_width, int)
+        _check_type("guided_decoding_config", guided_decoding_config, GuidedDecodingConfig)
+        self.guided_decoding_config = guided_decoding_config
         _check_type("scheduler_config", scheduler_config, SchedulerConfig)
         _check_type("kv_cache_config", kv_cache_config, KvCacheConfig)
         _check_type("batching_type", batching_type, BatchingType)
@@ -267,6 +273,58 @@ class OutputConfig:
         self.return_perf_metrics = return_perf_metrics
 
 
+class LoraConfig:
+    def __init__(self, task_id: int, weights=None, config=None) -> None:
+        _check_type("task_id", task_id, int)
+        for name, tensor in (("weights", weights), ("config", config)):
+            if tensor is not None and not hasattr(tensor, "dim"):
+                raise TypeError(f"incompatible function arguments: {name} must be a torch.Tensor")
+        self.task_id = task_id
+        self.weights = weights
+        self.config = config
+
+
+class GuidedDecodingParams:
+    class GuideType(enum.Enum):
+        JSON = 0
+        JSON_SCHEMA = 1
+        REGEX = 2
+        EBNF_GRAMMAR = 3
+        STRUCTURAL_TAG = 4
+
+    def __init__(self, guide_type: GuideType, guide: str | None = None) -> None:
+        _check_type("guide_type", guide_type, GuidedDecodingParams.GuideType)
+        self.guide_type = guide_type
+        self.guide = guide
+
+
+class GuidedDecodingConfig:
+    class GuidedDecodingBackend(enum.Enum):
+        XGRAMMAR = 0
+        LLGUIDANCE = 1
+
+    def __init__(self, backend: GuidedDecodingBackend, encoded_vocab: list[str] | None = None,
+                 tokenizer_str: str | None = None, stop_token_ids: list[int] | None = None) -> None:
+        _check_type("backend", backend, GuidedDecodingConfig.GuidedDecodingBackend)
+        self.backend = backend
+        self.encoded_vocab = encoded_vocab
+        self.tokenizer_str = tokenizer_str
+        self.stop_token_ids = stop_token_ids
+
+
+class KvCacheMetrics:
+    def __init__(self, num_total_allocated_blocks: int, num_new_allocated_blocks: int, num_reused_blocks: int) -> None:
+        self.num_total_allocated_blocks = num_total_allocated_blocks
+        self.num_new_allocated_blocks = num_new_allocated_blocks
+        self.num_reused_blocks = num_reused_blocks
+        self.num_missed_blocks = num_new_allocated_blocks
+
+
+class RequestPerfMetrics:
+    def __init__(self, kv_cache_metrics: KvCacheMetrics) -> None:
+        self.kv_cache_metrics = kv_cache_metrics
+
+
 class Request:
     def __init__(
         self,
@@ -306,6 +364,8 @@ class Request:
         _check_int_lists("bad_words", bad_words)
         _check_int_lists("stop_words", stop_words)
         _check_type("num_return_sequences", num_return_sequences, int)
+        _check_type("lora_config", lora_config, LoraConfig)
+        _check_type("guided_decoding_params", guided_decoding_params, GuidedDecodingParams)
         # std::chrono::milliseconds: a timedelta (or float seconds); a bare int is rejected like the binding does
         if allotted_time_ms is not None and not isinstance(allotted_time_ms, (timedelta, float)):
             raise TypeError("incompatible function arguments: allotted_time_ms must be datetime.timedelta")
@@ -328,6 +388,8 @@ class Request:
         self.priority = priority
         self.num_return_sequences = num_return_sequences
         self.allotted_time_ms = allotted_time_ms
+        self.lora_config = lora_config
+        self.guided_decoding_params = guided_decoding_params
 
 
 class Result:
@@ -443,17 +505,27 @@ class Executor:
         if not config_path.is_file():
             raise RuntimeError(f"[TensorRT-LLM][ERROR] Assertion failed: Failed to open {config_path}")
         config = json.loads(config_path.read_text())
-        if not (engine_dir / f"rank{_rank()}.engine").is_file():
-            raise RuntimeError(f"[TensorRT-LLM][ERROR] Failed to open engine file {engine_dir}/rank{_rank()}.engine")
+        # As TensorRT-LLM's GptJsonConfig: a "version" means trtllm-build's layout (build_config, pretrained_config,
+        # rank<r>.engine); none means the older builder's (builder_config, <name>_<precision>_tp<n>_rank<r>.engine).
+        if "version" in config:
+            build, model = config["build_config"], config["pretrained_config"]
+            engine_name = f"rank{_rank()}.engine"
+        else:
+            build = model = config["builder_config"]
+            pp = int(build.get("pipeline_parallel", 1))
+            engine_name = (f"{build['name']}_{build['precision']}_tp{build['tensor_parallel']}"
+                           f"{f'_pp{pp}' if pp > 1 else ''}_rank{_rank()}.engine")
+        if not (engine_dir / engine_name).is_file():
+            raise RuntimeError(f"[TensorRT-LLM][ERROR] Failed to open engine file {engine_dir}/{engine_name}")
         parallel = executor_config.parallel_config
         if parallel is not None and parallel.communication_mode == CommunicationMode.ORCHESTRATOR:
             orchestrator = parallel.orchestrator_config
             if orchestrator is None or not Path(orchestrator.worker_executable_path).is_file():
                 raise RuntimeError("[TensorRT-LLM][ERROR] orchestrator mode needs an existing worker executable")
-        build = config.get("build_config", {})
-        self.vocab_size = int(config.get("pretrained_config", {}).get("vocab_size", 32000))
-        self.max_input_len = int(build.get("max_input_len", 1024))
-        self.max_seq_len = int(build.get("max_seq_len", 2048))
+        self.vocab_size = int(model["vocab_size"])
+        self.max_input_len = int(build.get("max_input_len", 0))
+        # Builders before max_seq_len wrote max_output_len; the sequence is then input + output (as GptJsonConfig did).
+        self.max_seq_len = int(build.get("max_seq_len") or self.max_input_len + int(build.get("max_output_len", 0)))
         self.max_beam_width = min(int(build.get("max_beam_width", 1)), executor_config.max_beam_width)
         self.config = executor_config
         self.model_path = engine_dir
@@ -514,13 +586,16 @@ class Executor:
                 error = f"[TensorRT-LLM][ERROR] embedding_bias has {len(bias)} entries, vocab size is {self.vocab_size}"
             elif max(bias) > 0:
                 forced = bias.index(max(bias))
+        max_tokens = request.max_tokens
+        if len(request.input_token_ids) + max_tokens > self.max_seq_len:
+            max_tokens = self.max_seq_len - len(request.input_token_ids)  # the engine cuts it, with a warning
         allotted = request.allotted_time_ms
         if allotted is not None:
             allotted = allotted.total_seconds() * 1000 if isinstance(allotted, timedelta) else allotted * 1000
         return Job(
             job_id=request_id,
             prompt=list(request.input_token_ids),
-            max_tokens=request.max_tokens,
+            max_tokens=max_tokens,
             beam_width=sampling.beam_width,
             num_sequences=request.num_return_sequences if sampling.beam_width == 1 else 1,
             end_id=request.end_id,
@@ -551,6 +626,7 @@ class Executor:
                 return
             result = self._result(job, update.new_tokens, list(range(job.beam_width)), update.new_tokens, want_logs)
             result.is_final = result.is_sequence_final = update.job_done
+            self._add_outputs(result, job, request, update.new_tokens)
             self._responses.append(Response(job.job_id, result, client_id=request.client_id))
             return
         for index, new in enumerate(update.new_tokens):
@@ -569,6 +645,7 @@ class Executor:
             result.sequence_index = index
             result.is_sequence_final = finished
             result.is_final = finished and update.job_done and index == max(update.finished_now)
+            self._add_outputs(result, job, request, [generated])
             self._responses.append(Response(job.job_id, result, client_id=request.client_id))
 
     def _result(self, job: Job, token_lists: list[list[int]], indices: list[int], generated: list[list[int]],
@@ -585,6 +662,26 @@ class Executor:
             result.log_probs = []
             result.cum_log_probs = []
         return result
+
+    def _add_outputs(self, result: Result, job: Job, request: Request, generated: list[list[int]]) -> None:
+        """Logits and perf metrics a request asked for. Fake logits: 1.0 at the token that follows, 0 elsewhere.
+        Context logits come with every response; generation logits are [beams, tokens, vocab], or
+        [tokens, beams, vocab] when streaming (as TensorRT-LLM lays them out)."""
+        import torch
+
+        config = request.output_config
+        if config.return_context_logits:
+            following = job.prompt[1:] + [job.sequences[0][0] if job.sequences[0] else 0]
+            result.context_logits = torch.nn.functional.one_hot(torch.tensor(following), self.vocab_size).float()
+        if config.return_generation_logits:
+            width = max(len(tokens) for tokens in generated)
+            logits = torch.zeros(len(generated), width, self.vocab_size)
+            for beam, tokens in enumerate(generated):
+                logits[beam, torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
+            result.generation_logits = logits.transpose(0, 1).contiguous() if request.streaming else logits
+        if config.return_perf_metrics:
+            total = -(-(len(job.prompt) + len(job.sequences[0])) // 32)  # 32 tokens per fake block
+            result.request_perf_metrics = RequestPerfMetrics(KvCacheMetrics(total, total, 0))
 
     def get_num_responses_ready(self, id: int | None = None) -> int:
         with self._engine.cond:

@@ -4,7 +4,9 @@ As in the real API: `SamplingParams` and `KvCacheConfig` are keyword-only and re
 `LLM(...)` keywords raise ValueError (pydantic's "extra inputs are not permitted"); `generate_async` returns a
 `RequestOutput` at once, and `async for` over it works only if `generate_async` ran on that event loop;
 `abort()` ends the request with a final step of zero new tokens and finish_reason 'cancelled'.
-A checkpoint directory needs `config.json` (`vocab_size`, `max_position_embeddings` are read).
+A checkpoint directory needs `config.json` (`vocab_size`, `max_position_embeddings` are read). `LLM.args` holds
+the resolved arguments (TorchLlmArgs' names and defaults); a prompt over `max_num_tokens` (without chunked
+prefill) or a prompt + max_tokens over the sequence length is refused at `generate_async`.
 The tokenizer is byte-level: ids 0-255 are bytes, 256 is EOS, higher ids decode as " w<id>".
 """
 
@@ -16,6 +18,7 @@ import json
 import queue
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -94,6 +97,7 @@ class CompletionOutput:
     token_ids_diff: list[int] = field(default_factory=list)
     logprobs_diff: list = field(default_factory=list)
     text_diff: str = ""
+    generation_logits: object = None  # torch [tokens so far, vocab] with return_generation_logits
 
 
 _FINISH = {"END_ID": "stop", "STOP_WORDS": "stop", "LENGTH": "length", "TIMED_OUT": "timeout",
@@ -114,6 +118,7 @@ class RequestOutput:
         self._aqueue: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
         self._queue: queue.Queue = queue.Queue()
         self._stop_words: list[list[int]] = []
+        self.context_logits = None  # torch [prompt tokens, vocab] with return_context_logits
 
     # engine thread
     def _push(self, item: Update) -> None:
@@ -139,12 +144,21 @@ class RequestOutput:
                 output.logprobs_diff = [{t: Logprob(fake_log_prob(t), 1)} for t in output.token_ids_diff]
                 output.logprobs = output.logprobs + output.logprobs_diff
                 output.cumulative_logprob = sum(fake_log_prob(t) for t in output.token_ids)
+            if self._params.return_generation_logits and output.token_ids:
+                output.generation_logits = self._one_hot(output.token_ids)  # fake logits: 1.0 at each token
             if output.finish_reason is None and reason is not None:
                 output.finish_reason = _FINISH[reason]
                 if reason == "STOP_WORDS":
                     word = next(w for w in self._stop_words if output.token_ids[-len(w):] == w)
                     output.stop_reason = word[0] if len(word) == 1 else self._llm.tokenizer.decode(word)
+        if self._params.return_context_logits and self.context_logits is None:
+            self.context_logits = self._one_hot(self.prompt_token_ids[1:] + self.outputs[0].token_ids[:1])
         self.finished = update.job_done
+
+    def _one_hot(self, tokens: list[int]):
+        import torch
+
+        return torch.nn.functional.one_hot(torch.tensor(tokens), self._llm.vocab_size).float()
 
     # consumer side
     def abort(self) -> None:
@@ -176,12 +190,14 @@ class RequestOutput:
         return self
 
 
-_LLM_KEYWORDS = frozenset({
-    "backend", "max_batch_size", "max_num_tokens", "max_seq_len", "max_input_len", "max_beam_width",
-    "kv_cache_config", "enable_chunked_prefill", "pipeline_parallel_size", "gpus_per_node",
-    "moe_expert_parallel_size", "enable_attention_dp", "cuda_graph_config", "disable_overlap_scheduler",
-    "enable_iter_perf_stats", "return_perf_metrics", "scheduler_config", "build_config",
-})
+# `LLM(...)` keywords this fake knows, with TorchLlmArgs' defaults (`LLM.args` holds them, resolved).
+_LLM_ARGUMENTS = {
+    "backend": "pytorch", "max_batch_size": 2048, "max_num_tokens": 8192, "max_seq_len": None, "max_input_len": 1024,
+    "max_beam_width": 1, "kv_cache_config": None, "enable_chunked_prefill": False, "pipeline_parallel_size": 1,
+    "gpus_per_node": None, "moe_expert_parallel_size": None, "enable_attention_dp": False, "cuda_graph_config": None,
+    "disable_overlap_scheduler": False, "enable_iter_perf_stats": False, "return_perf_metrics": False,
+    "scheduler_config": None, "build_config": None,
+}
 
 
 class FakeTokenizer:
@@ -207,7 +223,7 @@ class LLM:
     def __init__(self, model, tokenizer=None, tokenizer_mode: str = "auto", skip_tokenizer_init: bool = False,
                  trust_remote_code: bool = False, tensor_parallel_size: int = 1, dtype: str = "auto",
                  revision=None, tokenizer_revision=None, **kwargs) -> None:
-        unknown = sorted(set(kwargs) - _LLM_KEYWORDS)
+        unknown = sorted(set(kwargs) - set(_LLM_ARGUMENTS))
         if unknown:
             raise ValueError(f"1 validation error for TorchLlmArgs\n{unknown[0]}\n  Extra inputs are not permitted")
         if kwargs.get("backend") not in (None, "pytorch", "_autodeploy"):
@@ -219,15 +235,18 @@ class LLM:
         if not config_path.is_file():
             raise ValueError(f"Failed to load the model from {model}: no config.json (not a Hugging Face checkpoint)")
         config = json.loads(config_path.read_text())
-        self.args = dict(kwargs, model=str(model), tensor_parallel_size=tensor_parallel_size)
+        self.args = SimpleNamespace(**{**_LLM_ARGUMENTS, **kwargs}, model=str(model),
+                                    tensor_parallel_size=tensor_parallel_size)
         self.vocab_size = int(config.get("vocab_size", 32000))
-        self.max_seq_len = int(kwargs.get("max_seq_len") or config.get("max_position_embeddings", 2048))
-        self.max_beam_width = int(kwargs.get("max_beam_width") or 1)
+        # As the PyTorch model engine: the checkpoint's length, or a smaller max_seq_len when given.
+        supported = int(config.get("max_position_embeddings") or 2048)
+        self.max_seq_len = min(self.args.max_seq_len or supported, supported)
+        self.max_beam_width = int(self.args.max_beam_width or 1)
         self._tokenizer = None if skip_tokenizer_init else FakeTokenizer()
         self._ids = itertools.count(1)
         self._outputs: dict[int, RequestOutput] = {}
         keep_stats = 1000 if kwargs.get("enable_iter_perf_stats") else 0  # the PyTorch backend keeps none otherwise
-        self._max_batch_size = int(kwargs.get("max_batch_size") or 8)
+        self._max_batch_size = int(self.args.max_batch_size)
         self._engine = FakeEngine(self.vocab_size, self._max_batch_size, self._on_update, keep_stats)
         self._submitted = False
 
@@ -257,6 +276,9 @@ class LLM:
             raise TypeError(f"unsupported prompt input {type(inputs).__name__}")
         if not prompt or not all(isinstance(t, int) for t in prompt):
             raise ValueError("prompt_token_ids must be a non-empty list of ints")
+        if not self.args.enable_chunked_prefill and len(prompt) > self.args.max_num_tokens:
+            raise ValueError(f"The sum of prompt length ({float(len(prompt))}), query length (0) should not exceed "
+                             f"max_num_tokens ({self.args.max_num_tokens})")
         if len(prompt) + params.max_tokens > self.max_seq_len:
             raise ValueError(f"The sum of prompt length ({len(prompt)}) and max_tokens ({params.max_tokens}) "
                              f"should not exceed max_seq_len ({self.max_seq_len})")

@@ -1,0 +1,309 @@
+"""The OpenAI-compatible frontend against a real tritonserver with the synthetic executor, through the official
+`openai` client: responses in OpenAI's schema, stop strings, usage, every error status, 32 concurrent streams,
+a client that disconnects mid-stream, and the frontend stopping with the server.
+
+The synthetic executor makes every token predictable: token i after a prompt whose last id is b is
+(b + 1 + i) % vocab_size, and its tokenizer is byte-level (ids under 256 are bytes), so the expected text is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+import psutil
+import pytest
+import requests
+from openai import AsyncOpenAI, OpenAI
+from openai_server import start_openai_server
+from prometheus_text import scrape
+from triton_client import StreamClient, token_inputs
+
+from trtllm_model.executors.synthetic import SyntheticTokenizer, synthetic_token
+from trtllm_model.openai_frontend.tokenization import chat_prompt_ids
+from trtllm_model.server import free_ports
+
+pytestmark = pytest.mark.e2e
+
+VOCAB = 32000
+TOKENIZER = SyntheticTokenizer()
+# max_batch_size + max_queue_size = 40 requests held at most: 32 streams fit, the 41st is refused (queue full).
+PARAMETERS = {"max_batch_size": "8", "max_queue_size": "32"}
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def expected_text(prompt_ids: list[int], count: int) -> str:
+    return TOKENIZER.decode([synthetic_token(prompt_ids, i, VOCAB) for i in range(count)])
+
+
+def chat_ids(messages) -> list[int]:
+    return chat_prompt_ids(TOKENIZER, messages)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    server, base_url = start_openai_server(tmp_path_factory.mktemp("openai-synthetic"), "synthetic", PARAMETERS)
+    yield server, base_url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return OpenAI(base_url=served[1], api_key="none", max_retries=0)
+
+
+def open_requests(server) -> float:
+    return scrape(server.metrics_url).value("nv_llm_open_requests", model="tensorrt_llm")
+
+
+def wait_open_requests(server, count: int, timeout_s: float = 10.0) -> None:
+    """Until the model's open-request gauge reads `count` (it is refreshed every stats period, not at once)."""
+    deadline = time.monotonic() + timeout_s
+    while (held := open_requests(server)) != count:
+        assert time.monotonic() < deadline, f"{held} requests open after {timeout_s} s, expected {count}"
+        time.sleep(0.05)
+
+
+def test_models_lists_the_token_level_model(client):
+    ids = [m.id for m in client.models.list().data]
+    assert ids == ["tensorrt_llm"]  # the text-only ensemble cannot take token ids: not offered
+
+
+def test_chat_non_streamed_in_openai_schema(client):
+    reply = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=6)
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-") and reply.model == "tensorrt_llm"
+    assert abs(reply.created - time.time()) < 60
+    (choice,) = reply.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected_text(chat_ids(HI), 6)
+    assert choice.finish_reason == "length"
+    prompt = len(chat_ids(HI))
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.usage.total_tokens) == (prompt, 6, prompt + 6)
+
+
+def test_chat_streamed_role_first_content_after_usage_last(client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "More?"}]
+    chunks = list(client.chat.completions.create(model="tensorrt_llm", messages=messages, max_tokens=5, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert len({c.id for c in chunks}) == 1 and all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant" and not chunks[0].choices[0].delta.content
+    content = [c.choices[0].delta.content for c in chunks[1:] if c.choices and c.choices[0].delta.content]
+    assert "".join(content) == expected_text(chat_ids(messages), 5)
+    assert len(content) == 5  # one chunk per token as they are generated
+    finishing = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishing == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+    assert chunks[-1].usage.prompt_tokens == len(chat_ids(messages))
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_streamed_content_concatenates_to_the_non_streamed(client):
+    whole = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=12, temperature=0)
+    parts = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=12, temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in parts) == whole.choices[0].message.content
+
+
+def test_completions_from_text_and_from_token_ids(client):
+    reply = client.completions.create(model="tensorrt_llm", prompt="abc", max_tokens=4)
+    assert reply.object == "text_completion" and reply.choices[0].text == "defg"
+    assert reply.choices[0].finish_reason == "length"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (3, 4)
+
+    from_ids = client.completions.create(model="tensorrt_llm", prompt=[7, 300], max_tokens=3)
+    assert from_ids.choices[0].text == expected_text([7, 300], 3) == " w301 w302 w303"
+    assert from_ids.usage.prompt_tokens == 2
+
+    streamed = list(client.completions.create(model="tensorrt_llm", prompt="abc", max_tokens=4, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == "defg"
+    assert streamed[-1].choices[0].finish_reason == "length"
+
+
+def test_stop_strings_end_the_text_before_the_stop(client):
+    reply = client.completions.create(model="tensorrt_llm", prompt="a", max_tokens=20, stop=["xyz", "de"])
+    assert reply.choices[0].text == "bc" and reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens == 4  # b c d e: generation ends at the token that completes the stop
+
+    chunks = list(client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=30, stream=True,
+                                                 stop="?@"))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    full = expected_text(chat_ids(HI), 30)
+    assert text == full[: full.index("?@")] and text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_logprobs_as_far_as_the_engine_gives_them(client):
+    reply = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=3, logprobs=True)
+    entries = reply.choices[0].logprobs.content
+    assert [e.token for e in entries] == list(expected_text(chat_ids(HI), 3))
+    assert [e.logprob for e in entries] == [-0.5] * 3  # the synthetic engine's value
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=3, logprobs=True, top_logprobs=2)
+    assert refused.value.body["param"] == "top_logprobs"
+
+
+def test_invalid_parameters_are_400_naming_the_parameter(client, served):
+    with pytest.raises(openai.BadRequestError) as local:
+        client.chat.completions.create(model="tensorrt_llm", messages=HI, temperature=5)
+    assert local.value.status_code == 400 and local.value.body["param"] == "temperature"
+    assert local.value.body["type"] == "invalid_request_error"
+
+    with pytest.raises(openai.BadRequestError) as from_triton:  # the model's INVALID_ARG text, carried through
+        client.completions.create(model="tensorrt_llm", prompt="a", max_tokens=100000)
+    assert from_triton.value.body["param"] == "max_tokens"
+    assert from_triton.value.body["message"] == "max_tokens: request_output_len=100000: must be at most 4096"
+    assert from_triton.value.body["code"] == "invalid_arg"
+
+    with pytest.raises(openai.BadRequestError) as several:
+        client.chat.completions.create(model="tensorrt_llm", messages=HI, n=2)
+    assert several.value.body["param"] == "n"
+
+    base_url = served[1]
+    for body in (b'{"model": "tensorrt_llm", "messages": [', b"[1, 2]", b"\xff\xfe", b""):
+        answer = requests.post(f"{base_url}/chat/completions", data=body, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 400, body
+        assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="gpt-4o", messages=HI)
+    assert missing.value.body["code"] == "model_not_found" and missing.value.body["param"] == "model"
+
+
+def test_32_concurrent_streams_all_complete(served):
+    async def one(client: AsyncOpenAI, number: int) -> str:
+        messages = [{"role": "user", "content": f"stream {number}"}]
+        stream = await client.chat.completions.create(model="tensorrt_llm", messages=messages, max_tokens=16,
+                                                      stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in stream])
+
+    async def run_all() -> list[str]:
+        async with AsyncOpenAI(base_url=served[1], api_key="none", max_retries=0) as client:
+            return await asyncio.gather(*(one(client, n) for n in range(32)))
+
+    texts = asyncio.run(run_all())
+    expected = [expected_text(chat_ids([{"role": "user", "content": f"stream {n}"}]), 16) for n in range(32)]
+    assert texts == expected
+
+
+def test_queue_full_is_429(client, served):
+    server = served[0]
+    filler = StreamClient(server.grpc_url)
+    try:
+        held = [filler.send("tensorrt_llm", token_inputs([5, n], 3000), f"fill-{n}") for n in range(40)]
+        deadline = time.monotonic() + 10
+        while open_requests(server) < 40:
+            assert time.monotonic() < deadline and not any(r.errors for r in held)
+            time.sleep(0.05)
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=2, stream=True)
+        assert refused.value.status_code == 429 and "queue full" in refused.value.body["message"]
+    finally:
+        filler.cancel()
+        filler.close()
+    wait_open_requests(server, 0)
+
+
+def test_client_disconnect_mid_stream_cancels_the_triton_request(client, served):
+    server = served[0]
+    wait_open_requests(server, 0)
+    stream = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=3000, stream=True)
+    received = [next(stream) for _ in range(4)]  # 3000 tokens would take 30 s
+    assert received[-1].choices[0].delta.content
+    wait_open_requests(server, 1)
+    stream.close()
+    wait_open_requests(server, 0, timeout_s=5.0)
+
+
+def test_client_disconnect_before_a_non_streamed_answer_cancels_too(served):
+    server, base_url = served
+    wait_open_requests(server, 0)
+    body = {"model": "tensorrt_llm", "messages": HI, "max_tokens": 3000}
+    with pytest.raises(requests.ReadTimeout):  # the client gives up and closes the connection
+        requests.post(f"{base_url}/chat/completions", json=body, timeout=(5, 1.0))
+    wait_open_requests(server, 0, timeout_s=5.0)
+
+
+def test_model_not_ready_is_503(client, served):
+    server = served[0]
+    repository = f"{server.http_url}/v2/repository/models/tensorrt_llm"
+    requests.post(f"{repository}/unload", json={}, timeout=60).raise_for_status()
+    try:
+        with pytest.raises(openai.InternalServerError) as unavailable:
+            client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=2)
+        assert unavailable.value.status_code == 503
+        assert unavailable.value.body["type"] == "service_unavailable_error"
+    finally:
+        requests.post(f"{repository}/load", json={}, timeout=120).raise_for_status()
+    assert client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=2).choices[0].message.content
+
+
+@contextlib.contextmanager
+def frontend_alone(*args: str):
+    """`trtllm-triton openai ARGS` on a free port, once it answers; yields its base URL (http://...:PORT)."""
+    (port,) = free_ports(1)
+    process = subprocess.Popen([sys.executable, "-m", "trtllm_model.cli", "openai", f"--port={port}", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                requests.get(f"{base}/health", timeout=5)
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.2)
+        yield base
+    finally:
+        process.terminate()
+        assert process.wait(30) == -signal.SIGTERM  # uvicorn shuts down, then lets SIGTERM end the process
+
+
+def test_one_frontend_for_several_tritons_skips_one_it_cannot_reach(served):
+    server = served[0]
+    (dead,) = free_ports(1)
+    with frontend_alone(f"--triton-url=127.0.0.1:{dead},{server.grpc_url}", "--executor=synthetic") as base:
+        client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        for _ in range(4):  # the requests take the two URLs in turn
+            reply = client.completions.create(model="tensorrt_llm", prompt="abc", max_tokens=3)
+            assert reply.choices[0].text == "def"
+
+
+def test_frontend_alone_without_a_triton_answers_503():
+    (triton_port,) = free_ports(1)
+    with frontend_alone(f"--triton-url=127.0.0.1:{triton_port}") as base:
+        health = requests.get(f"{base}/health", timeout=5)
+        assert health.status_code == 503 and health.json()["error"]["message"] == "Triton is not ready"
+        client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as unavailable:
+            client.chat.completions.create(model="tensorrt_llm", messages=HI)
+        assert unavailable.value.status_code == 503 and "not reachable" in unavailable.value.body["message"]
+
+
+def test_frontend_stops_with_the_server_ending_open_streams(served, client):
+    server, base_url = served
+    frontends = [p for p in psutil.Process(server.process.pid).children(recursive=True)
+                 if "openai" in p.cmdline()]
+    assert len(frontends) == 1
+    stream = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=3000, stream=True)
+    next(stream)
+    stopping = threading.Thread(target=server.stop)
+    started = time.monotonic()
+    stopping.start()
+    with pytest.raises(openai.APIError) as ended:  # the model ends it as it unloads: an SSE error event
+        for _ in stream:
+            pass
+    assert "shutting down" in str(ended.value) and time.monotonic() - started < 20
+    stopping.join(60)
+    assert server.process.returncode == 0
+    assert not frontends[0].is_running()
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{base_url}/models", timeout=2)

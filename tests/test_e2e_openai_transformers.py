@@ -1,0 +1,129 @@
+"""The OpenAI-compatible frontend in front of the embedded transformers executor (SmolLM2-135M-Instruct on CPU),
+through the official `openai` client: a real answer, greedy streaming equal to non-streaming, usage counted by
+the tokenizer, multi-turn chat through the model's chat template, stop strings and log probabilities."""
+
+from __future__ import annotations
+
+import numpy as np
+import openai
+import pytest
+from openai import OpenAI
+from openai_server import start_openai_server
+from triton_client import stream_once, token_inputs
+
+from trtllm_model.embedded.model_loading import load_tokenizer
+
+pytestmark = pytest.mark.e2e
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+CONVERSATION = [
+    {"role": "system", "content": "You answer in one short sentence."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "The capital of France is Paris."},
+    {"role": "user", "content": "And of Italy?"},
+]
+GREEDY = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    server, base_url = start_openai_server(tmp_path_factory.mktemp("openai-transformers"), "transformers")
+    yield server, base_url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return OpenAI(base_url=served[1], api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+def template_ids(tokenizer, messages) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_streamed_answer_names_paris(client):
+    stream = client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=32, stream=True,
+                                            **GREEDY)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "Paris" in "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_greedy_streamed_content_concatenates_to_the_non_streamed(client):
+    for messages in (FRANCE, CONVERSATION):
+        whole = client.chat.completions.create(model="tensorrt_llm", messages=messages, max_tokens=40, **GREEDY)
+        stream = client.chat.completions.create(model="tensorrt_llm", messages=messages, max_tokens=40, stream=True,
+                                                **GREEDY)
+        assert "".join(c.choices[0].delta.content or "" for c in stream) == whole.choices[0].message.content
+    completion = client.completions.create(model="tensorrt_llm", prompt="The three primary colours are", max_tokens=16,
+                                           **GREEDY)
+    parts = client.completions.create(model="tensorrt_llm", prompt="The three primary colours are", max_tokens=16,
+                                      stream=True, **GREEDY)
+    assert "".join(c.choices[0].text for c in parts) == completion.choices[0].text
+    assert completion.usage.completion_tokens == 16 and completion.choices[0].finish_reason == "length"
+
+
+def test_multi_turn_usage_equals_the_tokenizers_count(client, served, tokenizer):
+    reply = client.chat.completions.create(model="tensorrt_llm", messages=CONVERSATION, max_tokens=48, **GREEDY)
+    prompt_ids = template_ids(tokenizer, CONVERSATION)
+    assert reply.usage.prompt_tokens == len(prompt_ids)
+    # The same prompt sent to Triton directly as token ids: the same tokens come back, so the same count.
+    direct = stream_once(served[0].grpc_url, "tensorrt_llm", token_inputs(
+        prompt_ids, 48, streaming=False, temperature=(0.0, np.float32), end_id=(tokenizer.eos_token_id, np.int32)))
+    generated = direct.tokens()
+    assert reply.usage.completion_tokens == len(generated)
+    assert reply.usage.total_tokens == len(prompt_ids) + len(generated)
+    assert reply.choices[0].message.content == tokenizer.decode(generated, skip_special_tokens=True)
+    assert "Rome" in reply.choices[0].message.content  # the earlier turns reached the model
+
+
+def test_stop_string_ends_the_text_before_it(client):
+    full = client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=32, **GREEDY)
+    text = full.choices[0].message.content
+    assert "Paris" in text
+    cut = client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=32, stop=["Paris"], **GREEDY)
+    assert cut.choices[0].message.content == text[: text.index("Paris")]
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.usage.completion_tokens < full.usage.completion_tokens
+    streamed = client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=32, stop="Paris",
+                                              stream=True, **GREEDY)
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text[: text.index("Paris")]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_logprobs_one_per_token(client):
+    reply = client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=12, logprobs=True,
+                                           **GREEDY)
+    entries = reply.choices[0].logprobs.content
+    assert len(entries) == reply.usage.completion_tokens
+    assert all(e.logprob <= 0.0 for e in entries) and any(e.logprob < 0.0 for e in entries)
+    assert "".join(e.token for e in entries).startswith(reply.choices[0].message.content[:5])
+
+
+def test_seeded_sampling_repeats(client):
+    runs = [client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=16, temperature=1.0,
+                                           seed=1234).choices[0].message.content for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_default_request_samples_as_openai_does(client):
+    # OpenAI's defaults (temperature 1, top_p 1) sample: different seeds give different answers, unlike greedy.
+    story = [{"role": "user", "content": "Tell me a short story about a cat."}]
+    runs = {client.chat.completions.create(model="tensorrt_llm", messages=story, max_tokens=24,
+                                           seed=seed).choices[0].message.content for seed in range(4)}
+    assert len(runs) > 1, runs
+
+
+def test_model_refusal_is_400_naming_the_parameter(client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_completion_tokens=5000)
+    assert refused.value.body["param"] == "max_completion_tokens"
+    assert "must be at most 4096" in refused.value.body["message"]

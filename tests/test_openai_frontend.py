@@ -1,0 +1,94 @@
+"""The OpenAI frontend's pure parts: stop strings over a token stream, Triton errors to OpenAI statuses, request
+validation, and its place in the layering (a separate process: the model never imports it, it never imports the
+model's Triton edge)."""
+
+from __future__ import annotations
+
+import pytest
+from test_layering import PACKAGE, imported_modules
+
+from trtllm_model.executors.synthetic import SyntheticTokenizer
+from trtllm_model.openai_frontend.protocol import ApiError, ChatRequest, CompletionRequest, parse_body
+from trtllm_model.openai_frontend.text_stream import TextStream
+from trtllm_model.openai_frontend.triton_pool import api_error_from_triton
+
+TOKENIZER = SyntheticTokenizer()  # ids under 256 are bytes: a token per character
+
+
+def stream_text(text: str, stops: list[str], chunk: int = 1) -> tuple[list[str], TextStream]:
+    stream = TextStream(TOKENIZER, stops)
+    ids = TOKENIZER.encode(text)
+    pieces = [stream.push(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
+    pieces.append(stream.finish())
+    return pieces, stream
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+def test_stop_string_never_leaks_even_in_part(chunk):
+    pieces, stream = stream_text("hello world, stop here", [", st", "zz"], chunk)
+    assert "".join(pieces) == "hello world"
+    assert all("," not in piece for piece in pieces)
+    assert stream.stopped and stream.tokens == len("hello world, st")  # counted up to the token ending the stop
+
+
+def test_earliest_stop_wins_and_text_without_stop_is_whole():
+    pieces, stream = stream_text("abcdef", ["de", "bc"])
+    assert "".join(pieces) == "a" and stream.tokens == 3
+    pieces, stream = stream_text("abcdef", ["xy"])
+    assert "".join(pieces) == "abcdef" and not stream.stopped and stream.tokens == 6
+
+
+def test_held_back_text_is_only_a_possible_stop_prefix():
+    stream = TextStream(TOKENIZER, ["abc"])
+    assert stream.push(TOKENIZER.encode("xyza")) == "xyz"  # "a" could begin "abc"
+    assert stream.push(TOKENIZER.encode("b")) == ""  # so could "ab"
+    assert stream.push(TOKENIZER.encode("q")) == "abq"
+    assert stream.finish() == "" and not stream.stopped
+
+
+def test_triton_errors_map_to_openai_statuses():
+    names = {"request_output_len": "max_tokens", "top_p": "top_p"}
+    bad = api_error_from_triton("INVALID_ARG: request_output_len=9: must be at most 4", names)
+    assert (bad.status, bad.param, bad.message) == (400, "max_tokens", "max_tokens: request_output_len=9: must be at most 4")
+    assert api_error_from_triton("UNSUPPORTED: beam_width=2: no", names).status == 400
+    assert api_error_from_triton("UNAVAILABLE: queue full: 40 requests in flight", names).status == 429
+    assert api_error_from_triton("UNAVAILABLE: model is shutting down", names).status == 503
+    assert api_error_from_triton("[request id: x] Request for unknown model: 'm' is not found", names).status == 503
+    assert api_error_from_triton("INTERNAL: executor error: boom", names).status == 500
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    (b'{"model": "m", "messages": []}', "messages"),
+    (b'{"model": "m", "messages": [{"role": "robot", "content": "x"}]}', "messages.0.role"),
+    (b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 0}', "top_p"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [""]}', "stop"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}',
+     "stream_options"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', "tools"),
+])
+def test_invalid_chat_bodies_are_400_naming_the_field(body, param):
+    with pytest.raises(ApiError) as refused:
+        parse_body(body, ChatRequest)
+    assert (refused.value.status, refused.value.param) == (400, param)
+    assert refused.value.message.startswith(param)
+
+
+def test_completion_prompt_forms():
+    assert parse_body(b'{"model": "m", "prompt": "hi"}', CompletionRequest).single_prompt() == "hi"
+    assert parse_body(b'{"model": "m", "prompt": [1, 2]}', CompletionRequest).single_prompt() == [1, 2]
+    assert parse_body(b'{"model": "m", "prompt": [[3]]}', CompletionRequest).single_prompt() == [3]
+    with pytest.raises(ApiError) as several:
+        parse_body(b'{"model": "m", "prompt": ["a", "b"]}', CompletionRequest).single_prompt()
+    assert several.value.param == "prompt"
+
+
+def test_frontend_and_model_stay_apart():
+    frontend = PACKAGE / "openai_frontend"
+    edge = ("trtllm_model.model", "trtllm_model.triton_io", "trtllm_model.poller", "trtllm_model.ensemble_model")
+    for path in frontend.glob("*.py"):
+        offending = {name for name in imported_modules(path) if name.startswith(edge)}
+        assert not offending, f"{path.name} imports {offending}"
+    for path in PACKAGE.rglob("*.py"):
+        if frontend not in path.parents and path.name != "cli.py":
+            assert not any(n.startswith("trtllm_model.openai_frontend") for n in imported_modules(path)), path

@@ -1,0 +1,351 @@
+"""The HTTP side, served by uvicorn: FastAPI for /v1/models, /health and the lifespan (Triton clients, tokenizers);
+/v1/chat/completions and /v1/completions as plain ASGI in front of it, on Starlette's Request and JSONResponse.
+
+A generation's first Triton response is awaited before the HTTP status is chosen, so a request Triton refuses
+(bad parameter, queue full, model unloading) gets its own status even with stream=true; errors after the first
+token arrive as an SSE `error` event, which the `openai` client raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
+from .text_stream import TextStream
+from .tokenization import chat_prompt_ids
+from .triton_pool import Delta, ModelInfo, Sampling, TritonPool
+
+log = logging.getLogger("trtllm_model.openai")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DONE = b"data: [DONE]\n\n"
+
+
+def _dumps(payload: dict) -> str:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+
+
+def _event(payload: dict) -> bytes:
+    return f"data: {_dumps(payload)}\n\n".encode()
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+@dataclass(slots=True)
+class Generation:
+    """One request on its way: what the handlers share between the chat and the completions shapes."""
+
+    id: str
+    created: int
+    model: str
+    prompt_tokens: int
+    text: TextStream
+    deltas: AsyncIterator[Delta]
+    first: Delta
+    chat: bool
+    include_usage: bool
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.text.tokens,
+                "total_tokens": self.prompt_tokens + self.text.tokens}
+
+    def finish_reason(self, delta: Delta) -> str | None:
+        return "stop" if self.text.stopped else delta.finish_reason
+
+    def logprobs(self, start: int, text_offset: int = 0) -> dict | None:
+        """Log probabilities of the tokens counted since `start`, in the endpoint's shape."""
+        if not self.text.with_logprobs:
+            return None
+        entries = self.text.logprobs[start:]
+        if self.chat:
+            return {"content": [{"token": e.token, "bytes": list(e.token.encode()), "logprob": e.logprob,
+                                 "top_logprobs": []} for e in entries], "refusal": None}
+        offsets, position = [], text_offset
+        for entry in entries:
+            offsets.append(position)
+            position += len(entry.token)
+        return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": None, "text_offset": offsets}
+
+    def chunk(self, text: str | None, finish_reason: str | None, logprobs: dict | None, role: bool = False) -> bytes:
+        if self.chat:
+            delta: dict = {"role": "assistant", "content": text or ""} if role else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            payload = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                       "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+            payload = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                       "choices": [choice]}
+        if self.include_usage:
+            payload["usage"] = None
+        return _event(payload)
+
+    def usage_chunk(self) -> bytes:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return _event({"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [],
+                       "usage": self.usage()})
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        """The SSE body: the role first (chat), content as it comes, the finish reason, usage, [DONE]."""
+        counted, offset = 0, 0
+        try:
+            if self.chat:
+                yield self.chunk("", None, None, role=True)
+            delta = self.first
+            while True:
+                text = self.text.push(delta.token_ids, delta.log_probs)
+                end = delta.finish_reason is not None or self.text.stopped
+                if end:
+                    text += self.text.finish()
+                logprobs = self.logprobs(counted, offset) if text or end else None
+                if logprobs is not None:
+                    counted, offset = len(self.text.logprobs), offset + len(text)
+                if end:
+                    if text:
+                        yield self.chunk(text, None, logprobs)
+                        logprobs = None
+                    yield self.chunk(None, self.finish_reason(delta), logprobs)
+                    break
+                if text:
+                    yield self.chunk(text, None, logprobs)
+                delta = await anext(self.deltas)
+            if self.include_usage:
+                yield self.usage_chunk()
+            yield DONE
+        except ApiError as error:
+            yield _event(error.body())
+        finally:
+            await self.deltas.aclose()  # before the final delta: cancels the Triton request
+
+    async def body(self) -> dict:
+        """The whole response of a non-streamed request."""
+        parts = []
+        try:
+            delta = self.first
+            while True:
+                parts.append(self.text.push(delta.token_ids, delta.log_probs))
+                if delta.finish_reason is not None or self.text.stopped:
+                    parts.append(self.text.finish())
+                    break
+                delta = await anext(self.deltas)
+        finally:
+            await self.deltas.aclose()
+        text = "".join(parts)
+        finish = self.finish_reason(delta)
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": self.logprobs(0),
+                      "finish_reason": finish}
+            kind = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": self.logprobs(0), "finish_reason": finish}
+            kind = "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice],
+                "usage": self.usage()}
+
+
+def _sampling(request: ChatRequest | CompletionRequest, info: ModelInfo, prompt_tokens: int) -> Sampling:
+    limit, limit_name = request.output_limit()
+    if limit is None:  # OpenAI's default: as long as the model allows
+        room = info.context_length - prompt_tokens if info.context_length else None
+        candidates = [n for n in (info.max_output_len, room) if n is not None]
+        limit = max(1, min(candidates)) if candidates else 16
+    prompt_name = "messages" if isinstance(request, ChatRequest) else "prompt"
+    logprobs = request.logprobs if isinstance(request, ChatRequest) else request.logprobs is not None
+    # OpenAI samples unless temperature is 0 (its defaults: temperature 1, top_p 1); the model is greedy unless
+    # top_p or top_k is set (NVIDIA's reading), so a sampled request always carries top_p.
+    greedy = request.temperature == 0
+    return Sampling(
+        max_tokens=limit,
+        temperature=request.temperature,
+        top_p=None if greedy else (1.0 if request.top_p is None else request.top_p),
+        seed=request.seed,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        stop_words=request.stop_strings(),
+        logprobs=bool(logprobs),
+        param_names={
+            "request_output_len": limit_name, "max_tokens": limit_name, "temperature": "temperature",
+            "top_p": "top_p", "runtime_top_p": "top_p", "seed": "seed", "random_seed": "seed",
+            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+            "stop_words": "stop", "input_ids": prompt_name, "input": prompt_name,
+        },
+    )
+
+
+def _prompt_ids(request: ChatRequest | CompletionRequest, info: ModelInfo) -> list[int]:
+    tokenizer = info.tokenizer
+    if isinstance(request, ChatRequest):
+        try:
+            return chat_prompt_ids(tokenizer, request.conversation())
+        except Exception as exc:  # the model's template refuses this conversation (e.g. roles out of order)
+            raise ApiError(400, f"messages: the model's chat template refused them: {exc}", "messages",
+                           "invalid_value") from None
+    prompt = request.single_prompt()
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    return prompt
+
+
+COMPLETION_ROUTES = {"/v1/chat/completions": (ChatRequest, "chatcmpl"), "/v1/completions": (CompletionRequest, "cmpl")}
+
+
+class SseResponse:
+    """A text/event-stream response sent as its events come; stopped (and so its Triton request cancelled) when
+    the client goes away, even while it waits for the next token."""
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        self.events = events
+
+    async def __call__(self, scope, receive, send) -> None:
+        headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
+        headers += [(k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()]
+        # The first event is ready (the first token came before the status was chosen): it leaves right behind the
+        # headers, before the tasks that watch the connection are even started.
+        first = await anext(self.events)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+
+        async def send_all() -> None:
+            try:
+                async for event in self.events:
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finally:
+                await self.events.aclose()
+
+        with contextlib.suppress(ApiError, OSError):  # the client went away: nothing left to tell it
+            await until_disconnected(Request(scope, receive), send_all())
+
+
+async def until_disconnected(http: Request, work):
+    """`work`'s result; cancelled (and so its Triton request) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # its cleanup cancels the Triton request
+    if task.cancelled():
+        raise ApiError(499, "the client closed the connection", None, "client_closed")
+    return task.result()
+
+
+def create_app(urls: list[str], executor: str | None = None, banner: str | None = None):
+    """The ASGI application: the completion endpoints first, then FastAPI for the rest (and the lifespan)."""
+    pool: TritonPool  # made in the server's event loop: a grpc.aio channel belongs to the loop it was made in
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        nonlocal pool
+        pool = TritonPool(urls, executor)
+        try:
+            await pool.refresh_models()  # load the tokenizers now, not on the first request
+        except ApiError as exc:
+            log.warning("no models yet (%s); they are looked up on first use", exc.message)
+        if banner:
+            print(banner, flush=True)
+        yield
+        await pool.close()
+
+    app = FastAPI(title="trtllm-triton OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, error: ApiError) -> JSONResponse:
+        return _error_response(error)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return _error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", None, "internal_error"))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if await pool.is_ready():
+            return JSONResponse({"status": "ok"})
+        return _error_response(ApiError(503, "Triton is not ready", None, "not_ready"))
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        await pool.refresh_models()
+        return {"object": "list", "data": [
+            {"id": info.name, "object": "model", "created": info.created, "owned_by": "trtllm-triton"}
+            for info in pool.models.values()
+        ]}
+
+    @app.get("/v1/models/{name}")
+    async def get_model(name: str) -> dict:
+        info = await pool.model(name)
+        return {"id": info.name, "object": "model", "created": info.created, "owned_by": "trtllm-triton"}
+
+    async def complete(http: Request, kind: type[ChatRequest] | type[CompletionRequest], prefix: str) -> Response | SseResponse:
+        request = parse_body(await http.body(), kind)
+        info = await pool.model(request.model)
+        prompt_ids = _prompt_ids(request, info)
+        sampling = _sampling(request, info, len(prompt_ids))
+        deltas = pool.generate(info, prompt_ids, sampling)
+        first = await anext(deltas)  # Triton's refusals raise here, before any status is sent
+        generation = Generation(
+            id=f"{prefix}-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=request.model,
+            prompt_tokens=len(prompt_ids),
+            text=TextStream(info.tokenizer, sampling.stop_words, sampling.logprobs),
+            deltas=deltas,
+            first=first,
+            chat=kind is ChatRequest,
+            include_usage=request.include_usage,
+        )
+        if request.stream:
+            return SseResponse(generation.sse())
+        return JSONResponse(await until_disconnected(http, generation.body()))
+
+    async def completion_routes(scope, receive, send) -> None:
+        """POST /v1/chat/completions and /v1/completions as plain ASGI, ahead of FastAPI's middleware and router
+        (0.2 ms of every first token, bench/openai.py); everything else is the FastAPI app's."""
+        route = COMPLETION_ROUTES.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
+            await app(scope, receive, send)
+            return
+        try:
+            response = await complete(Request(scope, receive), *route)
+        except ApiError as error:
+            response = _error_response(error)
+        except Exception as exc:  # a bug: still OpenAI's error JSON, and the process keeps serving
+            log.exception("unexpected error")
+            response = _error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", None,
+                                                "internal_error"))
+        await response(scope, receive, send)
+
+    return completion_routes
+
+
+def run(urls: list[str], host: str, port: int, executor: str | None = None, log_level: str = "warning") -> None:
+    """Serve the API until SIGINT/SIGTERM (uvicorn lets open responses finish first)."""
+    import uvicorn
+
+    app = create_app(urls, executor, f"trtllm-triton openai: ready. http://{host}:{port}/v1 -> Triton gRPC "
+                     f"{', '.join(urls)}")
+    uvicorn.run(app, host=host, port=port, log_level=log_level, loop="uvloop", http="httptools",
+                timeout_graceful_shutdown=10)

@@ -1,0 +1,186 @@
+"""OpenAI's request bodies (validated with pydantic) and its error JSON.
+
+Field names follow OpenAI's API reference for /v1/chat/completions and /v1/completions. Fields that would change
+what the model does but that we cannot honour (tools, a JSON response format, logit_bias, n > 1, ...) are refused
+with a 400 naming them; fields that only describe the caller (`user`, `metadata`, ...) are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ApiError(Exception):
+    """An error the frontend answers with OpenAI's error JSON and an HTTP status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    @property
+    def type(self) -> str:
+        return {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
+                503: "service_unavailable_error"}.get(self.status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    """Parameters both endpoints share."""
+
+    model: str
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # accepted and ignored
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value):
+        stops = [value] if isinstance(value, str) else (value or [])
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    def stop_strings(self) -> list[str]:
+        return list(self.stop or [])
+
+    def check_supported(self) -> None:
+        if self.n != 1:
+            raise ApiError(400, f"n={self.n}: only n=1 is supported", "n", "unsupported_value")
+        if self.logit_bias:
+            raise ApiError(400, "logit_bias: not supported", "logit_bias", "unsupported_parameter")
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options: only allowed with stream=true", "stream_options", "invalid_value")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    response_format: dict | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                raise ApiError(400, f"{name}: tool calling is not supported", name, "unsupported_parameter")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ApiError(400, "response_format: only type 'text' is supported", "response_format", "unsupported_value")
+        if self.top_logprobs and not self.logprobs:
+            raise ApiError(400, "top_logprobs: requires logprobs=true", "top_logprobs", "invalid_value")
+        if self.top_logprobs:
+            raise ApiError(400, "top_logprobs: the engine returns only the sampled token's log probability; "
+                           "use logprobs=true with top_logprobs=0", "top_logprobs", "unsupported_value")
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ApiError(400, "max_tokens and max_completion_tokens: give one of them", "max_tokens", "invalid_value")
+
+    def output_limit(self) -> tuple[int | None, str]:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def conversation(self) -> list[dict[str, str]]:
+        # `developer` is the newer name of `system`; chat templates know only the latter.
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs:
+            raise ApiError(400, f"logprobs={self.logprobs}: the engine returns only the sampled token's log "
+                           "probability; use logprobs=0", "logprobs", "unsupported_value")
+        if self.echo:
+            raise ApiError(400, "echo: not supported", "echo", "unsupported_parameter")
+        if self.best_of not in (None, 1):
+            raise ApiError(400, f"best_of={self.best_of}: only 1 is supported", "best_of", "unsupported_value")
+        if self.suffix:
+            raise ApiError(400, "suffix: not supported", "suffix", "unsupported_parameter")
+
+    def output_limit(self) -> tuple[int | None, str]:
+        return self.max_tokens, "max_tokens"
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt: a string or token ids (a list holding one of those is that one)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ApiError(400, f"prompt: {len(prompt)} prompts; send one prompt per request", "prompt",
+                               "unsupported_value")
+            prompt = prompt[0]
+        if not prompt:
+            raise ApiError(400, "prompt: the prompt is empty", "prompt", "invalid_value")
+        return prompt
+
+
+def parse_body(raw: bytes, model: type[_Body]) -> Any:
+    """The validated request, or an ApiError(400) naming the offending field."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", None, "invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object", None, "invalid_json")
+    try:
+        request = model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        location = [str(part) for part in first["loc"]]
+        # Union members repeat the field's path with the type tried (e.g. prompt.str): keep the path.
+        param = ".".join(p for p in location if not p.startswith(("str", "list[", "int", "float", "dict")))
+        raise ApiError(400, f"{param or 'body'}: {first['msg']}", param or None, "invalid_value") from None
+    request.check_supported()
+    return request

@@ -1,0 +1,58 @@
+"""The tokenizer the model uses, loaded in the frontend: prompts become token ids here, outputs text here.
+
+Which tokenizer follows from the model's config.pbtxt parameters (read from Triton) the way the executors choose
+theirs: the synthetic executor's byte tokenizer, the embedded SmolLM2's, or `tokenizer_dir` / the checkpoint.
+`trtllm-triton serve --executor NAME` overrides the config's executor; the frontend must be told the same name
+(`serve` does that itself; `trtllm-triton openai --executor NAME` otherwise).
+"""
+
+from __future__ import annotations
+
+from ..executor_interface import Tokenizer
+
+# Tokenizers without a chat template (the synthetic executor's) get this plain rendering.
+PLAIN_ROLE_LINE = "{role}: {content}\n"
+PLAIN_GENERATION_PROMPT = "assistant:"
+
+
+def config_parameters(model_config: dict) -> dict[str, str]:
+    """config.pbtxt `parameters` as plain strings; unfilled `${...}` template values count as unset."""
+    values = {key: entry.get("string_value", "") for key, entry in model_config.get("parameters", {}).items()}
+    return {key: value for key, value in values.items() if value and not value.startswith("${")}
+
+
+def load_model_tokenizer(parameters: dict[str, str], executor: str | None = None) -> Tokenizer | None:
+    """The tokenizer the model's executor uses; None when it has none (token-level engines without tokenizer_dir)."""
+    name = executor or parameters.get("executor") or "transformers"
+    if name == "synthetic":
+        from ..executors.synthetic import SyntheticTokenizer
+
+        return SyntheticTokenizer()
+    if name == "transformers":
+        from ..embedded.model_loading import load_tokenizer
+
+        return load_tokenizer(parameters.get("tokenizer_dir") or parameters.get("model_dir"),
+                              parameters.get("model_cache_dir"))
+    directory = parameters.get("tokenizer_dir") or parameters.get("hf_model_path")
+    if not directory:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def chat_prompt_ids(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """The conversation through the model's chat template, ready for the assistant's turn, as token ids.
+
+    The template writes the special tokens (BOS included) itself, so encoding adds none."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        text = "".join(PLAIN_ROLE_LINE.format(**m) for m in messages) + PLAIN_GENERATION_PROMPT
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def context_length(tokenizer: Tokenizer) -> int | None:
+    """The tokenizer's model_max_length when it is a real limit (transformers uses ~1e30 for 'unknown')."""
+    length = getattr(tokenizer, "model_max_length", None)
+    return int(length) if isinstance(length, int) and 0 < length < 10**7 else None

@@ -1,0 +1,327 @@
+"""The Triton side of the frontend: the models Triton serves, and one generation as an async iterator of new tokens.
+
+Per Triton URL: tritonclient's asyncio client (readiness, repository index, model configs) and one gRPC channel
+for generations. Several URLs (replicas serving the same models) share the requests round-robin, skipping a Triton
+that cannot be reached; one URL is the common case. A generation is one request on a `ModelStreamInfer` call (tritonclient's generated stub, raw
+tensors), the call reused by later requests while it is fresh (see _Calls); cancelling the call is how a client
+that went away cancels its request, as Triton passes the cancellation to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import struct
+import time
+import uuid
+from array import array
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from ..executor_interface import Tokenizer
+from .protocol import ApiError
+from .tokenization import config_parameters, context_length, load_model_tokenizer
+
+IDLE_CLOSE_S = 0.25
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+# Our model's finish_reason output -> OpenAI's.
+FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "length": "length", "timeout": "length"}
+# The model's error text starts with the Triton error code, then the input it is about (see triton_io.py).
+_ERROR = re.compile(r"^(?:\[request id: [^\]]*\] )?(?:(?P<code>[A-Z_]+): )?(?P<text>.*)$", re.S)
+_FIELD = re.compile(r"^(?P<name>[a-z_]+)\b")
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    name: str
+    tokenizer: Tokenizer
+    max_output_len: int | None
+    context_length: int | None
+    inputs: frozenset[str] = frozenset()  # the model's input names (optional ones are sent only if it has them)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass(slots=True)
+class Sampling:
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop_words: list[str] = field(default_factory=list)
+    logprobs: bool = False
+    # The model's input names -> the OpenAI parameter the caller used for it (for 400s naming the parameter).
+    param_names: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Delta:
+    token_ids: list[int]
+    log_probs: list[float] | None
+    finish_reason: str | None  # OpenAI's, on the last delta only
+
+
+def _add_input(request: service_pb2.ModelInferRequest, name: str, datatype: str, shape: list[int], raw: bytes) -> None:
+    tensor = request.inputs.add(name=name, datatype=datatype)
+    tensor.shape.extend(shape)
+    request.raw_input_contents.append(raw)
+
+
+_TRUE = b"\x01"
+
+
+def generation_request(request_id: str, info: ModelInfo, input_ids: list[int],
+                       sampling: Sampling) -> service_pb2.ModelInferRequest:
+    """The `tensorrt_llm` model's inputs (NVIDIA's names) for one streamed generation, as raw little-endian
+    tensors (building them from numpy through tritonclient's InferInput cost more than the rest of the request)."""
+    end_id = info.tokenizer.eos_token_id
+    request = service_pb2.ModelInferRequest(model_name=info.name, id=request_id)
+    # The end is Triton's `triton_final_response` flag, even on a final response with no outputs.
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    _add_input(request, "input_ids", "INT32", [1, len(input_ids)], struct.pack(f"<{len(input_ids)}i", *input_ids))
+    _add_input(request, "request_output_len", "INT32", [1, 1], struct.pack("<i", sampling.max_tokens))
+    _add_input(request, "streaming", "BOOL", [1, 1], _TRUE)
+    if "return_finish_reason" in info.inputs:
+        _add_input(request, "return_finish_reason", "BOOL", [1, 1], _TRUE)
+    if end_id is not None:
+        _add_input(request, "end_id", "INT32", [1, 1], struct.pack("<i", end_id))
+    for name, value in (("temperature", sampling.temperature), ("top_p", sampling.top_p),
+                        ("presence_penalty", sampling.presence_penalty),
+                        ("frequency_penalty", sampling.frequency_penalty)):
+        if value is not None:
+            _add_input(request, name, "FP32", [1, 1], struct.pack("<f", value))
+    if sampling.seed is not None:
+        _add_input(request, "seed", "UINT64", [1, 1], struct.pack("<Q", sampling.seed))
+    if sampling.stop_words:  # lets the engine stop early where a stop string is whole tokens; text_stream cuts
+        words = [w.encode() for w in sampling.stop_words]
+        _add_input(request, "stop_words", "BYTES", [1, len(words)],
+                   b"".join(struct.pack("<I", len(w)) + w for w in words))
+    if sampling.logprobs:
+        _add_input(request, "return_log_probs", "BOOL", [1, 1], _TRUE)
+    return request
+
+
+def response_delta(response: service_pb2.ModelInferResponse, final: bool) -> Delta:
+    """New tokens (and log probs, finish reason) of one response; any output shape, read flat. A final response
+    without a finish reason says "stop" (the caller knows better when the length ran out)."""
+    ids, log_probs, reason = [], None, None
+    for index, output in enumerate(response.outputs):
+        raw = response.raw_output_contents[index]
+        if output.name == "output_ids":
+            ids = [t for t in array("i", raw) if t >= 0]  # beams are padded with -1
+        elif output.name == "output_log_probs":
+            log_probs = array("f", raw).tolist()
+        elif output.name == "finish_reason" and len(raw) >= 4:
+            length = struct.unpack_from("<I", raw)[0]  # the first string of a BYTES tensor
+            reason = raw[4 : 4 + length].decode()
+    finish = FINISH_REASONS.get(reason or "", "stop") if final else None
+    return Delta(ids, log_probs, finish)
+
+
+def api_error_from_triton(message: str, param_names: dict[str, str]) -> ApiError:
+    """Triton's error text -> OpenAI's error with the status the issue asks for."""
+    match = _ERROR.match(message)
+    code, text = match.group("code"), match.group("text")
+    if code in ("INVALID_ARG", "UNSUPPORTED"):
+        name = _FIELD.match(text)
+        param = param_names.get(name.group("name")) if name else None
+        if param and name.group("name") != param:
+            text = f"{param}: {text}"  # named as the caller knows it, Triton's own words after
+        return ApiError(400, text, param, code.lower())
+    if code == "UNAVAILABLE" and text.startswith("queue full"):
+        return ApiError(429, text, None, "queue_full")
+    if code == "UNAVAILABLE" or "unknown model" in message or "not ready" in message:
+        return ApiError(503, text, None, "model_not_ready")
+    return ApiError(500, message, None, "triton_error")
+
+
+class _Calls:
+    """Open `ModelStreamInfer` calls to one Triton, each carrying one request at a time and reused by the next.
+
+    A request on an open call reached its first token ~0.5 ms sooner than on a new call; one request per call
+    keeps concurrent streams as fast as separate calls (sharing one call among many requests cost a third of the
+    tokens/s at 64 streams; bench/openai.py), and cancelling the call is how a request is cancelled. A call left
+    unused for IDLE_CLOSE_S is closed: an open call, even idle, keeps tritonserver 2.51 from unloading the model it
+    last served and from exiting until its exit timeout."""
+
+    def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+        self._stub = stub
+        self._idle: list[tuple[grpc.aio.StreamStreamCall, asyncio.TimerHandle]] = []
+
+    def take(self) -> grpc.aio.StreamStreamCall:
+        while self._idle:
+            call, timer = self._idle.pop()
+            timer.cancel()
+            if not call.done():  # not ended by Triton (e.g. restarted) while idle
+                return call
+        return self._stub.ModelStreamInfer()
+
+    def give_back(self, call: grpc.aio.StreamStreamCall) -> None:
+        timer = asyncio.get_running_loop().call_later(IDLE_CLOSE_S, self._close_idle, call)
+        self._idle.append((call, timer))
+
+    def _close_idle(self, call: grpc.aio.StreamStreamCall) -> None:
+        self._idle = [(c, t) for c, t in self._idle if c is not call]
+        call.cancel()  # it carries no request: nothing in Triton is cancelled
+
+    def close(self) -> None:
+        for call, timer in self._idle:
+            timer.cancel()
+            call.cancel()
+        self._idle.clear()
+
+
+class TritonPool:
+    def __init__(self, urls: list[str], executor: str | None = None) -> None:
+        if not urls:
+            raise ValueError("at least one Triton gRPC URL is needed")
+        self.urls = urls
+        self.executor = executor  # the executor the server was started with, when it overrides the config's
+        # tritonclient's asyncio client for readiness and the repository; generations on a channel of their own
+        # through tritonclient's generated stub, with raw tensors.
+        self._clients = [grpcaio.InferenceServerClient(url) for url in urls]
+        self._channels = [grpc.aio.insecure_channel(url, options=CHANNEL_OPTIONS) for url in urls]
+        self._stubs = [service_pb2_grpc.GRPCInferenceServiceStub(channel) for channel in self._channels]
+        self._calls = [_Calls(stub) for stub in self._stubs]
+        self._turn = itertools.cycle(range(len(urls)))
+        self.models: dict[str, ModelInfo] = {}
+        self._refresh_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        for calls in self._calls:
+            calls.close()
+        for client in self._clients:
+            await client.close()
+        for channel in self._channels:
+            await channel.close()
+
+    async def is_ready(self) -> bool:
+        """Whether some Triton behind the frontend is ready (live, its models loaded)."""
+        for client in self._clients:
+            try:
+                if await client.is_server_ready(client_timeout=2):
+                    return True
+            except (InferenceServerException, grpc.RpcError):
+                continue
+        return False
+
+    async def refresh_models(self) -> dict[str, str]:
+        """Learn the ready models that take token ids and stream token ids; returns every model's state."""
+        async with self._refresh_lock:
+            index = await self._first_answer(lambda c: c.get_model_repository_index(as_json=True))
+            states = {m["name"]: m.get("state", "") for m in index.get("models", [])}
+            for name in [n for n in self.models if states.get(n) != "READY"]:
+                del self.models[name]
+            for name, state in states.items():
+                if state == "READY" and name not in self.models:
+                    config = (await self._first_answer(lambda c, n=name: c.get_model_config(n, as_json=True)))["config"]
+                    if _streams_tokens(config):
+                        self.models[name] = await asyncio.to_thread(self._model_info, name, config)
+            return states
+
+    def _model_info(self, name: str, config: dict) -> ModelInfo:
+        parameters = config_parameters(config)
+        tokenizer = load_model_tokenizer(parameters, self.executor)
+        if tokenizer is None:
+            raise ApiError(503, f"model {name}: no tokenizer known (set its tokenizer_dir parameter)", None,
+                           "no_tokenizer")
+        max_output = parameters.get("max_output_len")
+        return ModelInfo(name, tokenizer, int(max_output) if max_output else None, context_length(tokenizer),
+                         frozenset(i["name"] for i in config.get("input", [])))
+
+    async def model(self, name: str) -> ModelInfo:
+        info = self.models.get(name)
+        if info is not None:
+            return info
+        states = await self.refresh_models()
+        if name in self.models:
+            return self.models[name]
+        if name in states:
+            raise ApiError(503, f"model {name!r} is not ready ({states[name] or 'unknown state'})", "model",
+                           "model_not_ready")
+        raise ApiError(404, f"The model {name!r} does not exist (GET /v1/models lists the models served)", "model",
+                       "model_not_found")
+
+    async def _first_answer(self, call):
+        failure = None
+        for client in self._clients:
+            try:
+                return await call(client)
+            except (InferenceServerException, grpc.RpcError) as exc:
+                failure = exc
+        raise ApiError(503, f"Triton is not reachable at {', '.join(self.urls)}: {failure}", None, "triton_unavailable")
+
+    async def _start(self, request: service_pb2.ModelInferRequest):
+        """Send the request to the next Triton in turn; one that cannot be reached is skipped for the next.
+        Returns the calls it came from, the call and the first message."""
+        failure: grpc.RpcError | None = None
+        for _ in range(len(self._calls)):
+            calls = self._calls[next(self._turn)]
+            call = calls.take()
+            try:
+                await call.write(request)
+                return calls, call, await call.read()
+            except grpc.RpcError as exc:
+                call.cancel()
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                failure = exc  # no connection to that Triton: the request never started there
+            except BaseException:
+                call.cancel()  # the client went away while its request was sent
+                raise
+        raise failure
+
+    async def generate(self, info: ModelInfo, input_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
+        """The generation's new tokens as they stream; raises ApiError for a Triton error. Closing the iterator
+        before the last delta cancels the request in Triton (its gRPC call is cancelled)."""
+        request = generation_request(uuid.uuid4().hex, info, input_ids, sampling)
+        try:
+            calls, call, message = await self._start(request)
+        except grpc.RpcError as exc:
+            raise ApiError(503, f"Triton call failed: {exc.details()}", None, "triton_unavailable") from None
+        done, generated = False, 0
+        try:
+            while True:
+                if message is grpc.aio.EOF:
+                    raise ApiError(503, "Triton ended the call before the final response", None, "triton_unavailable")
+                if message.error_message:
+                    done = True  # an error response is the request's last
+                    raise api_error_from_triton(message.error_message, sampling.param_names)
+                final_flag = message.infer_response.parameters.get("triton_final_response")
+                final = final_flag is not None and final_flag.bool_param
+                delta = response_delta(message.infer_response, final)
+                generated += len(delta.token_ids)
+                if final and not _has_output(message.infer_response, "finish_reason"):
+                    delta.finish_reason = "length" if generated >= sampling.max_tokens else "stop"
+                done = final
+                yield delta
+                if final:
+                    return
+                message = await call.read()
+        except grpc.RpcError as exc:
+            done = False
+            raise ApiError(503, f"Triton call failed: {exc.details()}", None, "triton_unavailable") from None
+        finally:
+            if done:
+                calls.give_back(call)
+            else:
+                call.cancel()  # the client went away (or the call broke): Triton cancels the request
+
+
+def _has_output(response: service_pb2.ModelInferResponse, name: str) -> bool:
+    return any(output.name == name for output in response.outputs)
+
+
+def _streams_tokens(config: dict) -> bool:
+    """A decoupled model with NVIDIA's token-level names: our `tensorrt_llm` (the ensemble is text-only)."""
+    inputs = {i["name"] for i in config.get("input", [])}
+    outputs = {o["name"] for o in config.get("output", [])}
+    decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
+    return decoupled and {"input_ids", "request_output_len"} <= inputs and "output_ids" in outputs
