@@ -1,9 +1,11 @@
-"""On CUDA only (skipped elsewhere): the transformers executor behind tritonserver, in bfloat16, answers greedy
-requests with the tokens `model.generate(do_sample=False)` gives for the same prompts on the same GPU.
+"""On CUDA only (skipped elsewhere): the transformers executor behind tritonserver answers greedy requests with the
+tokens `model.generate(do_sample=False)` gives for the same prompts on the same GPU, in bfloat16 and in float32.
 
-The server batches the prompts (sent at once) while generate runs each alone, so the two runs round differently
-in bfloat16. Where they part, the reference itself must have been at a near-tie there: its two best logits within
-NEAR_TIE (a few bfloat16 steps at these magnitudes). Anything else is a real difference and fails.
+The server batches the prompts (sent at once) while generate runs each alone, so the two runs round differently.
+Where they part, the reference itself must have been at a near-tie there: its two best logits within NEAR_TIE.
+In bfloat16 exact ties are common (on the H200, 2026-12-03: 3 of 12 answers identical, 6 parted where the
+reference's two best logits were equal, the rest within 0.125), so there only near-ties are asserted; float32
+must also give at least half of the answers token for token.
 """
 
 from __future__ import annotations
@@ -31,17 +33,19 @@ QUESTIONS = [
     "Suggest a name for a small bakery.",
 ]
 MAX_TOKENS = 48
-NEAR_TIE = 0.5
+# dtype -> (largest logit gap at a parting, fewest answers identical token for token)
+TOLERANCE = {"bfloat16": (0.5, 0), "float32": (0.01, len(QUESTIONS) // 2)}
 
 
-@pytest.fixture(scope="module")
-def cuda_server(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(TOLERANCE))
+def cuda_server(tmp_path_factory, request):
     server = start_server(
-        tmp_path_factory.mktemp("cuda"),
+        tmp_path_factory.mktemp(f"cuda-{request.param}"),
         executor="transformers",
-        parameters={"device": "cuda", "dtype": "bfloat16", "max_batch_size": "16"},
+        parameters={"device": "cuda", "dtype": request.param, "max_batch_size": "16"},
         ready_timeout_s=600,
     )
+    server.dtype = request.param
     yield server
     server.stop()
 
@@ -64,7 +68,8 @@ def test_greedy_batch_through_triton_equals_generate_on_the_same_gpu(cuda_server
     from trtllm_model.detokenizer import apply_chat_template
     from trtllm_model.embedded.model_loading import load_model
 
-    loaded = load_model(device="cuda", dtype="bfloat16")
+    near_tie, min_exact = TOLERANCE[cuda_server.dtype]
+    loaded = load_model(device="cuda", dtype=cuda_server.dtype)
     prompts = [loaded.tokenizer.encode(apply_chat_template(loaded.tokenizer, q)) for q in QUESTIONS]
 
     client = StreamClient(cuda_server.grpc_url)
@@ -92,10 +97,10 @@ def test_greedy_batch_through_triton_equals_generate_on_the_same_gpu(cuda_server
             row = logits[position]
             margin = float(row[expected[position]] - row[served[position]])
             near_ties.append((question, position, margin))
-            assert margin <= NEAR_TIE, (
+            assert margin <= near_tie, (
                 f"{question!r}: token {position} is {served[position]} through Triton, {expected[position]} from "
                 f"generate, whose logits differ by {margin:.3f} there (not a near-tie)\n"
                 f"served:   {loaded.tokenizer.decode(served)!r}\nexpected: {loaded.tokenizer.decode(expected)!r}"
             )
-    print(f"\n{exact} of {len(QUESTIONS)} answers identical; near-ties where they part: {near_ties}")
-    assert exact >= len(QUESTIONS) // 2, f"only {exact} of {len(QUESTIONS)} identical: {near_ties}"
+    print(f"\n{cuda_server.dtype}: {exact} of {len(QUESTIONS)} answers identical; near-ties where they part: {near_ties}")
+    assert exact >= min_exact, f"only {exact} of {len(QUESTIONS)} identical: {near_ties}"

@@ -164,13 +164,14 @@ def _sampling(request: ChatRequest | CompletionRequest, info: ModelInfo, prompt_
         limit = max(1, min(candidates)) if candidates else 16
     prompt_name = "messages" if isinstance(request, ChatRequest) else "prompt"
     logprobs = request.logprobs if isinstance(request, ChatRequest) else request.logprobs is not None
-    # OpenAI samples unless temperature is 0 (its defaults: temperature 1, top_p 1); the model is greedy unless
-    # top_p or top_k is set (NVIDIA's reading), so a sampled request always carries top_p.
-    greedy = request.temperature == 0
+    # The model samples only when top_p or top_k is set (NVIDIA's reading; otherwise greedy), so a request with a
+    # temperature above 0 carries top_p (OpenAI's default 1). Without temperature or top_p the model's default
+    # applies, greedy, where OpenAI's own API would sample at temperature 1: a small model answers far better so.
+    sampled = request.top_p is not None or (request.temperature or 0.0) > 0.0
     return Sampling(
         max_tokens=limit,
         temperature=request.temperature,
-        top_p=None if greedy else (1.0 if request.top_p is None else request.top_p),
+        top_p=(1.0 if request.top_p is None else request.top_p) if sampled and request.temperature != 0 else None,
         seed=request.seed,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
