@@ -43,7 +43,11 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
               "or pass --no-openai", file=sys.stderr)
         return 2
     extra_env = {EXECUTOR_OVERRIDE_ENV: options.executor} if options.executor else {}
-    process = subprocess.Popen(server_command(options), env=server_environment(extra_env))
+    # tritonserver gets a process group of its own, so that a signal to this one (Ctrl-C in a terminal, `kill
+    # -TERM -<pgid>`) reaches it only through stop_gracefully below: its Python backend stubs, in its group, never see
+    # it (one hit mid-stop ended the `ensemble` stub, which then never answered its streams). It goes with us.
+    process = subprocess.Popen(server_command(options), env=server_environment(extra_env), process_group=0,
+                               preexec_fn=_stop_with_parent)
 
     stopping = threading.Event()
 
@@ -85,6 +89,13 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
     finally:
         if frontend is not None:
             stop_process(frontend)
+
+
+def _stop_with_parent() -> None:
+    """In the child before exec: SIGTERM once `trtllm-triton` is gone, however it went (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def start_openai_frontend(options: ServerOptions, connect_host: str, port: int) -> subprocess.Popen:

@@ -147,19 +147,24 @@ class TritonPythonModel:
                 if not self._open:
                     self._lock.wait()
                     continue
-                # is_cancelled() under the lock, so that no request is asked about after its final response.
-                newly = [fid for fid, f in self._open.items() if fid not in cancelled and f.request.is_cancelled()]
-                for forwarded_id in newly:
-                    self._open[forwarded_id].cancelled = True
-                cancelled.update(newly)
-                cancelled &= set(self._open)
-            for forwarded_id in newly:
-                _send_stop(forwarded_id)
+            # Readiness first: once the model is being unloaded (a server stop), Triton's answers about requests
+            # can hang, so the watcher asks nothing more and only ends what is still open after the grace period.
             if unloading_since is None and not _ready(self._name):
                 unloading_since = time.monotonic()
+            if unloading_since is None:
+                with self._lock:
+                    # is_cancelled() under the lock, so that no request is asked about after its final response.
+                    newly = [fid for fid, f in self._open.items() if fid not in cancelled and f.request.is_cancelled()]
+                    for forwarded_id in newly:
+                        self._open[forwarded_id].cancelled = True
+                    cancelled.update(newly)
+                    cancelled &= set(self._open)
+                for forwarded_id in newly:
+                    # On its own thread: a BLS call the watcher waited on could hold every other stream's watch.
+                    threading.Thread(target=_send_stop, args=(forwarded_id,), daemon=True).start()
             # tensorrt_llm sees the stop too and ends its requests first; once it is gone, its questions about
             # requests forwarded from here can hang in 2.51. So after a grace period the watcher ends the rest.
-            if unloading_since is not None and time.monotonic() - unloading_since > FORWARDED_GRACE_S:
+            elif time.monotonic() - unloading_since > FORWARDED_GRACE_S:
                 self._end_open_streams()
             with self._lock:
                 self._lock.wait(CANCEL_CHECK_S)

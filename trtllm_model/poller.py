@@ -467,6 +467,10 @@ class Poller:
             # A period first: a request that just arrived has not been cancelled yet, and asking (an IPC round trip
             # each) while its executor step is starting would only compete with it.
             time.sleep(self.cancel_check_s)
+            # Readiness before cancellations: once the model is being unloaded, asking Triton about a request can
+            # hang (one forwarded by an `ensemble` that is already gone), and this loop must still end the streams.
+            if self._check_still_serving():
+                continue
             with self._lock:
                 contexts = [c for c in self._open.values() if not c.cancel_requested]
             for ctx in contexts:
@@ -480,24 +484,28 @@ class Poller:
                         continue
                 if cancelled:
                     self._cancel(ctx)
-            self._check_still_serving()
 
-    def _check_still_serving(self) -> None:
+    def _check_still_serving(self) -> bool:
+        """True once the model is being unloaded (every open stream has then been ended)."""
         # Triton unloads a decoupled model only after every open request got its final response, and calls
         # finalize() after that: a shutdown with streams open would wait forever. So while streams are open,
         # watch for the unload to begin and end them first.
-        if self.still_serving is None or not self._accepting:
-            return
+        if not self._accepting:
+            return True
+        if self.still_serving is None:
+            return False
         try:
             serving = self.still_serving()
         except Exception:
             log.debug("still_serving check failed", exc_info=True)
-            return
-        if not serving:
-            log.warning("model is being unloaded: ending %d open streams", self.open_requests)
-            with self._lock:
-                self._accepting = False
-            self._fail_all(ErrorCode.UNAVAILABLE, "model is shutting down")
+            return False
+        if serving:
+            return False
+        log.warning("model is being unloaded: ending %d open streams", self.open_requests)
+        with self._lock:
+            self._accepting = False
+        self._fail_all(ErrorCode.UNAVAILABLE, "model is shutting down")
+        return True
 
 
 def _is_send_error(exc: Exception) -> bool:
