@@ -66,10 +66,10 @@ def _open_streams(server) -> tuple[StreamClient, list]:
 
 
 # A stop that tritonserver starts by itself (the signal reached it, not `trtllm-triton`) sometimes loses a Python
-# backend stub midway under load (on the 2-core machine with two busy loops beside it: 1 run in 10; the stub
-# process is gone, with nothing in the log), and that model's streams then get no final response. Rerun, not hidden:
-# docs/reliability.md ("Stopping") records it as open. Signals to `trtllm-triton` or its process group never
-# reach tritonserver directly (0 in 10 under the same load).
+# backend stub under load: gdb shows the stub segfaulting inside pb_utils.is_model_ready while the server stops (on
+# the 2-core machine with two busy loops beside it: 3 runs in 10), and that model's streams then get no final
+# response. Rerun, not hidden: docs/reliability.md ("Stopping") records it as open. Signals to `trtllm-triton` or
+# its process group never reach tritonserver directly (0 in 10 under the same load).
 SELF_STOPPED = pytest.mark.flaky(reruns=2)
 
 

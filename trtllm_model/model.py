@@ -7,6 +7,7 @@ finalize:   end every open stream with a final response, stop the poller and the
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -132,6 +133,11 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.poller.shutdown("model is shutting down")
         self.metrics.stop()  # after the poller: the requests it ended on the way out are counted too
+        # Free the Triton metric objects now, while the stub is whole. Left to the stub's own teardown, their
+        # destructors write to shared memory that is already gone: a segfault in MetricFamily::~MetricFamily (gdb,
+        # tests/test_e2e_stop.py's case of a stop tritonserver starts itself).
+        del self.poller, self.metrics
+        gc.collect()
 
     def _detokenizer_factory(self):
         if self.tokenizer is None:
