@@ -65,11 +65,10 @@ def _open_streams(server) -> tuple[StreamClient, list]:
     return client, results
 
 
-# A stop that tritonserver starts by itself (the signal reached it, not `trtllm-triton`) sometimes loses a Python
-# backend stub under load: gdb shows the stub segfaulting inside pb_utils.is_model_ready while the server stops (on
-# the 2-core machine with two busy loops beside it: 3 runs in 10), and that model's streams then get no final
-# response. Rerun, not hidden: docs/reliability.md ("Stopping") records it as open. Signals to `trtllm-triton` or
-# its process group never reach tritonserver directly (0 in 10 under the same load).
+# A stop that tritonserver starts by itself (the signal reached it, not `trtllm-triton`) used to lose a Python
+# backend stub under load: gdb showed it segfaulting inside pb_utils.is_model_ready while the server stopped (3 runs
+# in 10 on the 2-core machine with two busy loops beside it). The models now ask the HTTP endpoint instead (0 in 22).
+# The rerun stays as a guard for a crash site that lies in Triton (docs/reliability.md, "Stopping").
 SELF_STOPPED = pytest.mark.flaky(reruns=2)
 
 

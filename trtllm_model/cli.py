@@ -18,6 +18,7 @@ from pathlib import Path
 from .server import (
     DEFAULT_REPOSITORY,
     EXECUTOR_OVERRIDE_ENV,
+    READY_URL_ENV,
     ServerOptions,
     is_ready,
     ports_in_use,
@@ -42,7 +43,9 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         print(f"trtllm-triton: port {openai_port} already in use on {options.host}; pick another --openai-port "
               "or pass --no-openai", file=sys.stderr)
         return 2
-    extra_env = {EXECUTOR_OVERRIDE_ENV: options.executor} if options.executor else {}
+    extra_env = {READY_URL_ENV: f"http://{connect_host}:{options.http_port}"}
+    if options.executor:
+        extra_env[EXECUTOR_OVERRIDE_ENV] = options.executor
     # tritonserver gets a process group of its own, so that a signal to this one (Ctrl-C in a terminal, `kill
     # -TERM -<pgid>`) reaches it only through stop_gracefully below: its Python backend stubs, in its group, never see
     # it (one hit mid-stop ended the `ensemble` stub, which then never answered its streams). It goes with us.

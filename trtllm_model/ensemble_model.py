@@ -21,6 +21,8 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from .triton_io import model_ready
+
 log = logging.getLogger("trtllm_model.ensemble")
 
 TARGET_MODEL = "tensorrt_llm"
@@ -235,9 +237,9 @@ def _send_stop(forwarded_id: str) -> None:
 
 def _ready(model: str) -> bool:
     try:
-        return pb_utils.is_model_ready(model)
+        return model_ready(model)
     except Exception:
-        return False  # a stopping server answers "Server not ready"
+        return False
 
 
 def _forwarding_error(exc: Exception):

@@ -24,7 +24,7 @@ from .params import Params, parameters_from_model_config
 from .poller import Poller
 from .request_context import BatchStream, ErrorCode, RequestContext
 from .server import EXECUTOR_OVERRIDE_ENV
-from .triton_io import TritonMetricBackend, TritonStream, request_parameters_json, request_tensors
+from .triton_io import TritonMetricBackend, TritonStream, model_ready, request_parameters_json, request_tensors
 
 log = logging.getLogger("trtllm_model")
 
@@ -109,13 +109,7 @@ class TritonPythonModel:
 
     def _still_serving(self) -> bool:
         """False once Triton is unloading this model or stopping (the poller then ends every open stream)."""
-        try:
-            return pb_utils.is_model_ready(self.model_name)
-        except pb_utils.TritonModelException as exc:
-            # While the server stops it answers "Server not ready" instead of the model's state.
-            if "not ready" in str(exc):
-                return False
-            raise
+        return model_ready(self.model_name)
 
     def _report_not_ready(self, reason: str) -> None:
         # Servers before 26.03 never call is_ready(); the one way to stop reporting READY there is to unload

@@ -18,6 +18,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 # `serve --executor NAME` passes the override to the model (trtllm_model.model) through this variable.
 EXECUTOR_OVERRIDE_ENV = "TRTLLM_TRITON_EXECUTOR"
+# `serve` tells the models where the server's HTTP endpoint is, so that they ask it whether they are still served
+# (triton_io.model_ready) instead of pb_utils.is_model_ready, which can crash the stub while the server stops.
+READY_URL_ENV = "TRTLLM_TRITON_HTTP_URL"
 # How long tritonserver waits for its models to unload on a stop before it exits anyway. Every open stream ends
 # within about a second of a stop (see docs/reliability.md); set Kubernetes' terminationGracePeriodSeconds above it.
 EXIT_TIMEOUT_S = 15
