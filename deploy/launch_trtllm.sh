@@ -59,6 +59,9 @@ for assignment in ${CONFIGURE_SETS:-}; do sets+=(--set "$assignment"); done
 PYTHONPATH="$package_root" "$python" -m trtllm_model.configure --executor "$executor" --output "$repository" --force "${sets[@]}"
 if [ "${CONFIGURE_ONLY:-0}" = 1 ]; then exit 0; fi
 
+# The models ask this endpoint whether they are still served (pb_utils.is_model_ready can crash a stub while the
+# server stops: docs/reliability.md, "Stopping").
+export TRTLLM_TRITON_HTTP_URL=${TRTLLM_TRITON_HTTP_URL:-http://127.0.0.1:$http_port}
 serving=(--http-port="$http_port" --grpc-port="$grpc_port" --metrics-port="$metrics_port"
          --allow-metrics=true --model-control-mode=explicit '--load-model=*'
          --exit-timeout-secs="${EXIT_TIMEOUT_SECS:-30}")
