@@ -306,6 +306,8 @@ class Poller:
         new_tokens = [t for s in steps for t in s.token_ids]
         new_log_probs = [p for s in steps for p in (s.log_probs or [])]
         new_logits = [s.generation_logits for s in steps if s.generation_logits is not None]
+        if last.beams is not None and new_logits:
+            new_logits = new_logits[-1:]  # with beams each step carries every beam in full so far, logits too
         now = time.monotonic_ns()
         if new_tokens or last.beams is not None:
             ctx.first_token_ns = ctx.first_token_ns or now
