@@ -4,10 +4,13 @@ model's Triton edge)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from test_layering import PACKAGE, imported_modules
 
 from trtllm_model.executors.synthetic import SyntheticTokenizer
+from trtllm_model.openai_frontend.app import _HeadJoinsBody
 from trtllm_model.openai_frontend.protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from trtllm_model.openai_frontend.text_stream import TextStream
 from trtllm_model.openai_frontend.triton_pool import api_error_from_triton
@@ -92,3 +95,41 @@ def test_frontend_and_model_stay_apart():
     for path in PACKAGE.rglob("*.py"):
         if frontend not in path.parents and path.name != "cli.py":
             assert not any(n.startswith("trtllm_model.openai_frontend") for n in imported_modules(path)), path
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def test_a_response_head_leaves_with_the_first_body_bytes():
+    async def scenario() -> RecordingTransport:
+        transport = RecordingTransport()
+        joined = _HeadJoinsBody(transport, asyncio.get_running_loop())
+        joined.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # an interim answer the client waits for: at once
+        assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+        joined.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+        joined.write(b"5\r\nhello\r\n")
+        assert transport.writes[1:] == [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n5\r\nhello\r\n"]
+        joined.write(b"HTTP/1.1 204 No Content\r\n\r\n")  # a head with no body after it
+        assert len(transport.writes) == 2
+        await asyncio.sleep(0)  # ... leaves at the loop's next turn
+        assert transport.writes[2] == b"HTTP/1.1 204 No Content\r\n\r\n"
+        joined.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        joined.close()  # closing sends what is held first
+        assert transport.writes[3] == b"HTTP/1.1 200 OK\r\n\r\n" and transport.closed
+        assert joined.is_closing()
+        return transport
+
+    transport = asyncio.run(scenario())
+    assert len(transport.writes) == 4

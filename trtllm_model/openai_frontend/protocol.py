@@ -7,7 +7,6 @@ with a 400 naming them; fields that only describe the caller (`user`, `metadata`
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -169,15 +168,13 @@ class CompletionRequest(_Sampling):
 def parse_body(raw: bytes, model: type[_Body]) -> Any:
     """The validated request, or an ApiError(400) naming the offending field."""
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", None, "invalid_json") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the request body must be a JSON object", None, "invalid_json")
-    try:
-        request = model.model_validate(data)
+        request = model.model_validate_json(raw)  # pydantic parses the JSON too: one pass, no dict in between
     except ValidationError as exc:
         first = exc.errors()[0]
+        if first["type"] == "json_invalid":
+            raise ApiError(400, f"the request body is not valid JSON: {first['msg']}", None, "invalid_json") from None
+        if not first["loc"]:
+            raise ApiError(400, "the request body must be a JSON object", None, "invalid_json") from None
         location = [str(part) for part in first["loc"]]
         # Union members repeat the field's path with the type tried (e.g. prompt.str): keep the path.
         param = ".".join(p for p in location if not p.startswith(("str", "list[", "int", "float", "dict")))

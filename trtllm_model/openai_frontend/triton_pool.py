@@ -1,10 +1,11 @@
-"""The Triton side of the frontend: the models Triton serves, and one generation as an async iterator of new tokens.
+"""The Triton side of the frontend: the models Triton serves, and one generation's request and its new tokens.
 
 Per Triton URL: tritonclient's asyncio client (readiness, repository index, model configs) and one gRPC channel
 for generations. Several URLs (replicas serving the same models) share the requests round-robin, skipping a Triton
-that cannot be reached; one URL is the common case. A generation is one request on a `ModelStreamInfer` call (tritonclient's generated stub, raw
-tensors), the call reused by later requests while it is fresh (see _Calls); cancelling the call is how a client
-that went away cancels its request, as Triton passes the cancellation to the model.
+that cannot be reached; one URL is the common case. A generation is one request on a `ModelStreamInfer` call
+(tritonclient's generated stub, raw tensors), the call reused by later requests while it is fresh (see _Calls);
+cancelling the call is how a client that went away cancels its request, as Triton passes the cancellation to the
+model.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import struct
 import time
 import uuid
 from array import array
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -191,6 +191,8 @@ class TritonPool:
         self._stubs = [service_pb2_grpc.GRPCInferenceServiceStub(channel) for channel in self._channels]
         self._calls = [_Calls(stub) for stub in self._stubs]
         self._turn = itertools.cycle(range(len(urls)))
+        # Triton request ids: unique per frontend process, cheaper than a uuid per request.
+        self._id_prefix, self._ids = f"openai-{uuid.uuid4().hex[:12]}-", itertools.count()
         self.models: dict[str, ModelInfo] = {}
         self._refresh_lock = asyncio.Lock()
 
@@ -258,61 +260,67 @@ class TritonPool:
                 failure = exc
         raise ApiError(503, f"Triton is not reachable at {', '.join(self.urls)}: {failure}", None, "triton_unavailable")
 
-    async def _start(self, request: service_pb2.ModelInferRequest):
-        """Send the request to the next Triton in turn; one that cannot be reached is skipped for the next.
-        Returns the calls it came from, the call and the first message."""
+    async def send(self, info: ModelInfo, input_ids: list[int], sampling: Sampling) -> TritonGeneration:
+        """The request, sent to the next Triton in turn (one that cannot be reached is skipped for the next). Returns
+        as soon as it is written, so the caller prepares its response while the model works."""
+        request = generation_request(f"{self._id_prefix}{next(self._ids)}", info, input_ids, sampling)
         failure: grpc.RpcError | None = None
         for _ in range(len(self._calls)):
             calls = self._calls[next(self._turn)]
             call = calls.take()
             try:
                 await call.write(request)
-                return calls, call, await call.read()
+                return TritonGeneration(calls, call, sampling)
             except grpc.RpcError as exc:
                 call.cancel()
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise
+                    raise ApiError(503, f"Triton call failed: {exc.details()}", None, "triton_unavailable") from None
                 failure = exc  # no connection to that Triton: the request never started there
             except BaseException:
                 call.cancel()  # the client went away while its request was sent
                 raise
-        raise failure
+        raise ApiError(503, f"Triton call failed: {failure.details()}", None, "triton_unavailable")
 
-    async def generate(self, info: ModelInfo, input_ids: list[int], sampling: Sampling) -> AsyncIterator[Delta]:
-        """The generation's new tokens as they stream; raises ApiError for a Triton error. Closing the iterator
-        before the last delta cancels the request in Triton (its gRPC call is cancelled)."""
-        request = generation_request(uuid.uuid4().hex, info, input_ids, sampling)
+
+class TritonGeneration:
+    """One request on its `ModelStreamInfer` call: `next_delta()` until a delta has a finish reason, then
+    `close()`. Closed before its final response, the call is cancelled, and Triton cancels the request."""
+
+    def __init__(self, calls: _Calls, call: grpc.aio.StreamStreamCall, sampling: Sampling) -> None:
+        self._calls, self._call, self._sampling = calls, call, sampling
+        self._generated = 0
+        self._done = False  # the final (or an error) response came: the call carries no request now
+        self._closed = False
+
+    async def next_delta(self) -> Delta:
+        """The next response's new tokens; raises ApiError for a Triton error."""
         try:
-            calls, call, message = await self._start(request)
+            message = await self._call.read()
         except grpc.RpcError as exc:
             raise ApiError(503, f"Triton call failed: {exc.details()}", None, "triton_unavailable") from None
-        done, generated = False, 0
-        try:
-            while True:
-                if message is grpc.aio.EOF:
-                    raise ApiError(503, "Triton ended the call before the final response", None, "triton_unavailable")
-                if message.error_message:
-                    done = True  # an error response is the request's last
-                    raise api_error_from_triton(message.error_message, sampling.param_names)
-                final_flag = message.infer_response.parameters.get("triton_final_response")
-                final = final_flag is not None and final_flag.bool_param
-                delta = response_delta(message.infer_response, final)
-                generated += len(delta.token_ids)
-                if final and not _has_output(message.infer_response, "finish_reason"):
-                    delta.finish_reason = "length" if generated >= sampling.max_tokens else "stop"
-                done = final
-                yield delta
-                if final:
-                    return
-                message = await call.read()
-        except grpc.RpcError as exc:
-            done = False
-            raise ApiError(503, f"Triton call failed: {exc.details()}", None, "triton_unavailable") from None
-        finally:
-            if done:
-                calls.give_back(call)
-            else:
-                call.cancel()  # the client went away (or the call broke): Triton cancels the request
+        if message is grpc.aio.EOF:
+            raise ApiError(503, "Triton ended the call before the final response", None, "triton_unavailable")
+        if message.error_message:
+            self._done = True  # an error response is the request's last
+            raise api_error_from_triton(message.error_message, self._sampling.param_names)
+        response = message.infer_response
+        final_flag = response.parameters.get("triton_final_response")
+        final = final_flag is not None and final_flag.bool_param
+        delta = response_delta(response, final)
+        self._generated += len(delta.token_ids)
+        if final and not _has_output(response, "finish_reason"):
+            delta.finish_reason = "length" if self._generated >= self._sampling.max_tokens else "stop"
+        self._done = final
+        return delta
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._done:
+            self._calls.give_back(self._call)
+        else:
+            self._call.cancel()  # the client went away (or the call broke): Triton cancels the request
 
 
 def _has_output(response: service_pb2.ModelInferResponse, name: str) -> bool:
