@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import gc
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -32,12 +33,8 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 DONE = b"data: [DONE]\n\n"
 
 
-def _dumps(payload: dict) -> str:
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-
-
 def _event(payload: dict) -> bytes:
-    return f"data: {_dumps(payload)}\n\n".encode()
+    return b"data: " + orjson.dumps(payload) + b"\n\n"  # orjson: one C call, where json.dumps builds an encoder
 
 
 def _error_response(error: ApiError) -> JSONResponse:
@@ -178,13 +175,22 @@ def _sampling(request: ChatRequest | CompletionRequest, info: ModelInfo, prompt_
         frequency_penalty=request.frequency_penalty,
         stop_words=request.stop_strings(),
         logprobs=bool(logprobs),
-        param_names={
-            "request_output_len": limit_name, "max_tokens": limit_name, "temperature": "temperature",
-            "top_p": "top_p", "runtime_top_p": "top_p", "seed": "seed", "random_seed": "seed",
-            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-            "stop_words": "stop", "input_ids": prompt_name, "input": prompt_name,
-        },
+        param_names=_PARAM_NAMES[limit_name, prompt_name],
     )
+
+
+def _param_names(limit_name: str, prompt_name: str) -> dict[str, str]:
+    """The model's input names -> the OpenAI parameter a request gave it under."""
+    return {
+        "request_output_len": limit_name, "max_tokens": limit_name, "temperature": "temperature",
+        "top_p": "top_p", "runtime_top_p": "top_p", "seed": "seed", "random_seed": "seed",
+        "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+        "stop_words": "stop", "input_ids": prompt_name, "input": prompt_name,
+    }
+
+
+_PARAM_NAMES = {(limit, prompt): _param_names(limit, prompt)
+                for limit in ("max_tokens", "max_completion_tokens") for prompt in ("messages", "prompt")}
 
 
 def _prompt_ids(request: ChatRequest | CompletionRequest, info: ModelInfo) -> list[int]:
@@ -276,6 +282,7 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
             await pool.refresh_models()  # load the tokenizers now, not on the first request
         except ApiError as exc:
             log.warning("no models yet (%s); they are looked up on first use", exc.message)
+        gc.freeze()  # what startup made (modules, tokenizers) stays out of the collections during requests
         if banner:
             print(banner, flush=True)
         yield
@@ -405,6 +412,8 @@ def run(urls: list[str], host: str, port: int, executor: str | None = None, log_
 
     app = create_app(urls, executor, f"trtllm-triton openai: ready. http://{host}:{port}/v1 -> Triton gRPC "
                      f"{', '.join(urls)}")
-    # No X-Forwarded-* handling: nothing here uses the client's address, and it is one ASGI layer less per request.
+    # No X-Forwarded-* handling (nothing here uses the client's address: one ASGI layer less per request), no access
+    # log below "info" (uvicorn formats each line's fields even when the logger drops it), no "server" header.
     uvicorn.run(app, host=host, port=port, log_level=log_level, loop="uvloop", http=_http_protocol(),
-                proxy_headers=False, timeout_graceful_shutdown=10)
+                proxy_headers=False, access_log=log_level.lower() in ("info", "debug", "trace"), server_header=False,
+                timeout_graceful_shutdown=10)

@@ -45,6 +45,10 @@ class ModelInfo:
     context_length: int | None
     inputs: frozenset[str] = frozenset()  # the model's input names (optional ones are sent only if it has them)
     created: int = field(default_factory=lambda: int(time.time()))
+    request_template: service_pb2.ModelInferRequest = field(init=False)  # what every request to it starts from
+
+    def __post_init__(self) -> None:
+        self.request_template = _request_template(self)
 
 
 @dataclass(slots=True)
@@ -77,21 +81,29 @@ def _add_input(request: service_pb2.ModelInferRequest, name: str, datatype: str,
 _TRUE = b"\x01"
 
 
+def _request_template(info: ModelInfo) -> service_pb2.ModelInferRequest:
+    """What every generation request to this model carries."""
+    request = service_pb2.ModelInferRequest(model_name=info.name)
+    # The end is Triton's `triton_final_response` flag, even on a final response with no outputs.
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    _add_input(request, "streaming", "BOOL", [1, 1], _TRUE)
+    if "return_finish_reason" in info.inputs:
+        _add_input(request, "return_finish_reason", "BOOL", [1, 1], _TRUE)
+    end_id = info.tokenizer.eos_token_id
+    if end_id is not None:
+        _add_input(request, "end_id", "INT32", [1, 1], struct.pack("<i", end_id))
+    return request
+
+
 def generation_request(request_id: str, info: ModelInfo, input_ids: list[int],
                        sampling: Sampling) -> service_pb2.ModelInferRequest:
     """The `tensorrt_llm` model's inputs (NVIDIA's names) for one streamed generation, as raw little-endian
     tensors (building them from numpy through tritonclient's InferInput cost more than the rest of the request)."""
-    end_id = info.tokenizer.eos_token_id
-    request = service_pb2.ModelInferRequest(model_name=info.name, id=request_id)
-    # The end is Triton's `triton_final_response` flag, even on a final response with no outputs.
-    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    request = service_pb2.ModelInferRequest()
+    request.CopyFrom(info.request_template)
+    request.id = request_id
     _add_input(request, "input_ids", "INT32", [1, len(input_ids)], struct.pack(f"<{len(input_ids)}i", *input_ids))
     _add_input(request, "request_output_len", "INT32", [1, 1], struct.pack("<i", sampling.max_tokens))
-    _add_input(request, "streaming", "BOOL", [1, 1], _TRUE)
-    if "return_finish_reason" in info.inputs:
-        _add_input(request, "return_finish_reason", "BOOL", [1, 1], _TRUE)
-    if end_id is not None:
-        _add_input(request, "end_id", "INT32", [1, 1], struct.pack("<i", end_id))
     for name, value in (("temperature", sampling.temperature), ("top_p", sampling.top_p),
                         ("presence_penalty", sampling.presence_penalty),
                         ("frequency_penalty", sampling.frequency_penalty)):
