@@ -96,7 +96,9 @@ def test_chat_streamed_role_first_content_after_usage_last(client):
     assert chunks[0].choices[0].delta.role == "assistant" and not chunks[0].choices[0].delta.content
     content = [c.choices[0].delta.content for c in chunks[1:] if c.choices and c.choices[0].delta.content]
     assert "".join(content) == expected_text(chat_ids(messages), 5)
-    assert len(content) == 5  # one chunk per token as they are generated
+    # Streamed as generated: a chunk per response, a token each unless a loaded machine made the model deliver two
+    # steps in one response (the poller coalesces a request's ready steps rather than fall behind).
+    assert 2 <= len(content) <= 5
     finishing = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishing == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5

@@ -10,7 +10,7 @@ import pytest
 from test_layering import PACKAGE, imported_modules
 
 from trtllm_model.executors.synthetic import SyntheticTokenizer
-from trtllm_model.openai_frontend.app import _HeadJoinsBody
+from trtllm_model.openai_frontend.app import _JoinedWrites
 from trtllm_model.openai_frontend.protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from trtllm_model.openai_frontend.text_stream import TextStream
 from trtllm_model.openai_frontend.triton_pool import api_error_from_triton
@@ -112,24 +112,31 @@ class RecordingTransport:
         return self.closed
 
 
-def test_a_response_head_leaves_with_the_first_body_bytes():
+def test_writes_within_one_loop_turn_leave_together():
     async def scenario() -> RecordingTransport:
         transport = RecordingTransport()
-        joined = _HeadJoinsBody(transport, asyncio.get_running_loop())
+        joined = _JoinedWrites(transport, asyncio.get_running_loop())
         joined.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # an interim answer the client waits for: at once
         assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
-        joined.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
-        joined.write(b"5\r\nhello\r\n")
-        assert transport.writes[1:] == [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n5\r\nhello\r\n"]
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
+        joined.write(head)
+        joined.write(b"5\r\nhello\r\n")  # the first body bytes: sent at once, with the head
+        assert transport.writes[1:] == [head + b"5\r\nhello\r\n"]
+        joined.write(b"4\r\nlast\r\n")
+        joined.write(b"0\r\n\r\n")
+        assert len(transport.writes) == 2  # held until the turn ends ...
+        await asyncio.sleep(0)
+        assert transport.writes[2] == b"4\r\nlast\r\n0\r\n\r\n"  # ... then one write
         joined.write(b"HTTP/1.1 204 No Content\r\n\r\n")  # a head with no body after it
-        assert len(transport.writes) == 2
-        await asyncio.sleep(0)  # ... leaves at the loop's next turn
-        assert transport.writes[2] == b"HTTP/1.1 204 No Content\r\n\r\n"
+        await asyncio.sleep(0)
+        assert transport.writes[3] == b"HTTP/1.1 204 No Content\r\n\r\n"
         joined.write(b"HTTP/1.1 200 OK\r\n\r\n")
         joined.close()  # closing sends what is held first
-        assert transport.writes[3] == b"HTTP/1.1 200 OK\r\n\r\n" and transport.closed
+        assert transport.writes[4] == b"HTTP/1.1 200 OK\r\n\r\n" and transport.closed
+        joined.write(b"late")
+        await asyncio.sleep(0)  # nothing goes to a closed connection
         assert joined.is_closing()
         return transport
 
     transport = asyncio.run(scenario())
-    assert len(transport.writes) == 4
+    assert len(transport.writes) == 5

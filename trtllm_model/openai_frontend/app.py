@@ -364,31 +364,42 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
     return completion_routes
 
 
-class _HeadJoinsBody:
-    """A connection's transport that holds a response's head (status line and headers) until the next write, so the
-    head and the first body bytes leave together: one segment, one wakeup of the client instead of two (0.1-0.2 ms
-    of every first token, bench/openai.py). A head with nothing after it leaves at the loop's next turn."""
+class _JoinedWrites:
+    """A connection's transport that joins what is written within one turn of the event loop into one write: a
+    response's head leaves with its first body bytes, and a stream's last event, [DONE] and the chunked terminator
+    leave together. Fewer writes, fewer wakeups of the client (0.1-0.2 ms of every first token, bench/openai.py).
+    The first body bytes after a head are sent at once; anything else when the turn ends (a head alone, too)."""
 
-    __slots__ = ("_transport", "_loop", "_head")
+    __slots__ = ("_transport", "_loop", "_pending", "_head_pending")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport, self._loop, self._head = transport, loop, b""
+        self._transport, self._loop = transport, loop
+        self._pending: list[bytes] = []
+        self._head_pending = False
 
     def write(self, data: bytes) -> None:
-        if self._head:
-            data, self._head = self._head + data, b""
-        elif data.startswith(b"HTTP/1.") and data.endswith(b"\r\n\r\n") and data[9:10] != b"1":  # a head, not 1xx
-            self._head = data
-            self._loop.call_soon(self._send_head)
+        if self._head_pending:
+            self._pending.append(data)
+            self._send_pending()
             return
-        self._transport.write(data)
+        if not self._pending:
+            if data.startswith(b"HTTP/1.") and data[9:10] == b"1":  # 100 Continue: the client waits for it
+                self._transport.write(data)
+                return
+            self._loop.call_soon(self._send_pending)
+        self._head_pending = data.startswith(b"HTTP/1.") and data.endswith(b"\r\n\r\n")
+        self._pending.append(data)
 
-    def _send_head(self) -> None:
-        if self._head:
-            self.write(b"")
+    def _send_pending(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            self._head_pending = False
+            if not self._transport.is_closing():  # the client went away meanwhile
+                self._transport.write(data)
 
     def close(self) -> None:
-        self._send_head()
+        self._send_pending()
         self._transport.close()
 
     def __getattr__(self, name: str):
@@ -396,12 +407,12 @@ class _HeadJoinsBody:
 
 
 def _http_protocol():
-    """uvicorn's httptools protocol over _HeadJoinsBody."""
+    """uvicorn's httptools protocol over _JoinedWrites."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class Protocol(HttpToolsProtocol):
         def connection_made(self, transport: asyncio.Transport) -> None:
-            super().connection_made(_HeadJoinsBody(transport, self.loop))
+            super().connection_made(_JoinedWrites(transport, self.loop))
 
     return Protocol
 

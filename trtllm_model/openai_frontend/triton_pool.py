@@ -92,6 +92,8 @@ def _request_template(info: ModelInfo) -> service_pb2.ModelInferRequest:
     end_id = info.tokenizer.eos_token_id
     if end_id is not None:
         _add_input(request, "end_id", "INT32", [1, 1], struct.pack("<i", end_id))
+    for name in ("output_ids", "finish_reason"):  # only what the frontend reads (log probs: added when asked)
+        request.outputs.add(name=name)
     return request
 
 
@@ -117,6 +119,7 @@ def generation_request(request_id: str, info: ModelInfo, input_ids: list[int],
                    b"".join(struct.pack("<I", len(w)) + w for w in words))
     if sampling.logprobs:
         _add_input(request, "return_log_probs", "BOOL", [1, 1], _TRUE)
+        request.outputs.add(name="output_log_probs")
     return request
 
 
