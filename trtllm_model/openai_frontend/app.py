@@ -218,22 +218,22 @@ class SseResponse:
         self.events = events
 
     async def __call__(self, scope, receive, send) -> None:
-        # The first event is ready (the first token came before the status was chosen): it leaves right behind the
-        # headers, before the tasks that watch the connection are even started.
-        first = await anext(self.events)
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        await send({"type": "http.response.body", "body": first, "more_body": True})
+        try:
+            # The first event is ready (the first token came before the status was chosen): it leaves right behind
+            # the headers, before the tasks that watch the connection are even started.
+            first = await anext(self.events)
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            await send({"type": "http.response.body", "body": first, "more_body": True})
 
-        async def send_all() -> None:
-            try:
+            async def send_all() -> None:
                 async for event in self.events:
                     await send({"type": "http.response.body", "body": event, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-            finally:
-                await self.events.aclose()
 
-        with contextlib.suppress(ApiError, OSError):  # the client went away: nothing left to tell it
-            await until_disconnected(receive, send_all())
+            with contextlib.suppress(ApiError, OSError):  # the client went away: nothing left to tell it
+                await until_disconnected(receive, send_all())
+        finally:
+            await self.events.aclose()  # however it ended: an unfinished Triton request is cancelled
 
 
 async def request_body(receive) -> bytes:
@@ -342,7 +342,10 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
             raise
         if request.stream:
             return SseResponse(generation.sse())
-        return JSONResponse(await until_disconnected(receive, generation.body()))
+        try:
+            return JSONResponse(await until_disconnected(receive, generation.body()))
+        finally:
+            triton.close()  # also when the client left before body() even started
 
     async def completion_routes(scope, receive, send) -> None:
         """POST /v1/chat/completions and /v1/completions as plain ASGI, ahead of FastAPI's middleware and router
