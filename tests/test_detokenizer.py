@@ -95,6 +95,21 @@ def test_push_decodes_a_bounded_window(tokenizer):
     assert len(ids) > 1000 and max(seen) <= 8
 
 
+def test_a_one_token_stream_decodes_once(tokenizer):
+    """The first token of every stream is on the time to first token: one decode, and nothing more at the end."""
+    seen = []
+
+    class Counting:
+        def decode(self, ids, **kwargs):
+            seen.append(list(ids))
+            return tokenizer.decode(ids, **kwargs)
+
+    (token,) = tokenizer.encode(" Paris", add_special_tokens=False)[:1]
+    detokenizer = IncrementalDetokenizer(Counting())
+    assert detokenizer.push([token]) + detokenizer.flush() == full_decode(tokenizer, [token])
+    assert seen == [[token]]
+
+
 def test_chat_template_wraps_one_user_message(tokenizer):
     prompt = apply_chat_template(tokenizer, "What is the capital of France?")
     assert prompt.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")

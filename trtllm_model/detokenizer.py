@@ -28,6 +28,7 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self._window: list[int] = []
         self._sent = 0  # characters of decode(window) already returned
+        self._held = 0  # characters of decode(window) not returned yet
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(
@@ -41,7 +42,7 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """At the end of the stream: the text still held back."""
-        return self._advance(final=True)
+        return self._advance(final=True) if self._held else ""
 
     def _advance(self, final: bool) -> str:
         text = self._decode(self._window)
@@ -52,17 +53,19 @@ class IncrementalDetokenizer:
                 end = len(text) - 1
         delta = text[self._sent : end] if end > self._sent else ""
         self._sent = max(self._sent, end)
-        held = len(text) - self._sent
-        if held == 0:
-            self._restart_window(keep=1, held=0)
+        self._held = len(text) - self._sent
+        if self._held == 0:
+            self._restart_window(keep=1)
         elif len(self._window) > MAX_WINDOW_TOKENS:
             # A held character's bytes (at most 3) lie within the last 3 tokens.
-            self._restart_window(keep=3, held=held)
+            self._restart_window(keep=3)
         return delta
 
-    def _restart_window(self, keep: int, held: int) -> None:
+    def _restart_window(self, keep: int) -> None:
+        if len(self._window) <= keep:  # already that window (a stream's first token): no decode needed
+            return
         self._window = self._window[-keep:]
-        self._sent = len(self._decode(self._window)) - held
+        self._sent = len(self._decode(self._window)) - self._held
 
 
 def apply_chat_template(tokenizer, text: str) -> str:
