@@ -140,3 +140,18 @@ def test_writes_within_one_loop_turn_leave_together():
 
     transport = asyncio.run(scenario())
     assert len(transport.writes) == 5
+
+
+@pytest.mark.parametrize("body", [b'{"model": "m", "messages": [', b"\xff\xfe", b"", b"{bad"])
+def test_a_body_that_is_not_json_is_400_saying_so_once(body):
+    with pytest.raises(ApiError) as refused:
+        parse_body(body, ChatRequest)
+    assert (refused.value.status, refused.value.code) == (400, "invalid_json")
+    assert refused.value.message.startswith("the request body is not valid JSON: ")
+    assert "Invalid JSON" not in refused.value.message
+
+
+def test_a_body_that_is_json_but_not_an_object_is_400():
+    with pytest.raises(ApiError) as refused:
+        parse_body(b"[1, 2]", ChatRequest)
+    assert (refused.value.status, refused.value.message) == (400, "the request body must be a JSON object")

@@ -172,7 +172,8 @@ def parse_body(raw: bytes, model: type[_Body]) -> Any:
     except ValidationError as exc:
         first = exc.errors()[0]
         if first["type"] == "json_invalid":
-            raise ApiError(400, f"the request body is not valid JSON: {first['msg']}", None, "invalid_json") from None
+            reason = first["msg"].removeprefix("Invalid JSON: ")
+            raise ApiError(400, f"the request body is not valid JSON: {reason}", None, "invalid_json") from None
         if not first["loc"]:
             raise ApiError(400, "the request body must be a JSON object", None, "invalid_json") from None
         location = [str(part) for part in first["loc"]]
