@@ -211,6 +211,9 @@ def main() -> int:
                     frontend_throughput(host, port, args.streams, max_tokens, start, w0, w1))
                 rates["frontend"].append(tokens / args.window)
                 errors += failures
+        except BaseException:
+            print(f"the run stopped; the server's log ends:\n{server.log()[-6000:]}", file=sys.stderr)
+            raise
         finally:
             server.stop()
 
