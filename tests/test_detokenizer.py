@@ -79,35 +79,35 @@ def test_long_runs_of_partial_characters_stay_exact(tokenizer):
     assert "".join(streamed(tokenizer, ids, [3, 1, 2])) == full_decode(tokenizer, ids)
 
 
+class RecordingDecodes:
+    """The tokenizer, keeping the ids of every decode call."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.decoded: list[list[int]] = []
+
+    def decode(self, ids, **kwargs):
+        self.decoded.append(list(ids))
+        return self.tokenizer.decode(ids, **kwargs)
+
+
 def test_push_decodes_a_bounded_window(tokenizer):
     """Cost per token does not grow with the stream: decode never sees more than a few tokens."""
-    seen = []
-
-    class Counting:
-        def decode(self, ids, **kwargs):
-            seen.append(len(ids))
-            return tokenizer.decode(ids, **kwargs)
-
+    recording = RecordingDecodes(tokenizer)
     ids = tokenizer.encode(" ".join(PROMPTS) * 20, add_special_tokens=False)
-    detokenizer = IncrementalDetokenizer(Counting())
+    detokenizer = IncrementalDetokenizer(recording)
     text = "".join(detokenizer.push([token]) for token in ids) + detokenizer.flush()
     assert text == full_decode(tokenizer, ids)
-    assert len(ids) > 1000 and max(seen) <= 8
+    assert len(ids) > 1000 and max(len(window) for window in recording.decoded) <= 8
 
 
 def test_a_one_token_stream_decodes_once(tokenizer):
     """The first token of every stream is on the time to first token: one decode, and nothing more at the end."""
-    seen = []
-
-    class Counting:
-        def decode(self, ids, **kwargs):
-            seen.append(list(ids))
-            return tokenizer.decode(ids, **kwargs)
-
+    recording = RecordingDecodes(tokenizer)
     (token,) = tokenizer.encode(" Paris", add_special_tokens=False)[:1]
-    detokenizer = IncrementalDetokenizer(Counting())
+    detokenizer = IncrementalDetokenizer(recording)
     assert detokenizer.push([token]) + detokenizer.flush() == full_decode(tokenizer, [token])
-    assert seen == [[token]]
+    assert recording.decoded == [[token]]
 
 
 def test_chat_template_wraps_one_user_message(tokenizer):

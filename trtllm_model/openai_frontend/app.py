@@ -129,18 +129,15 @@ class Generation:
             self.triton.close()  # before the final delta: cancels the Triton request
 
     async def body(self) -> dict:
-        """The whole response of a non-streamed request."""
+        """The whole response of a non-streamed request (the caller closes the Triton request)."""
         parts = []
-        try:
-            delta = self.first
-            while True:
-                parts.append(self.text.push(delta.token_ids, delta.log_probs))
-                if delta.finish_reason is not None or self.text.stopped:
-                    parts.append(self.text.finish())
-                    break
-                delta = await self.triton.next_delta()
-        finally:
-            self.triton.close()
+        delta = self.first
+        while True:
+            parts.append(self.text.push(delta.token_ids, delta.log_probs))
+            if delta.finish_reason is not None or self.text.stopped:
+                parts.append(self.text.finish())
+                break
+            delta = await self.triton.next_delta()
         text = "".join(parts)
         finish = self.finish_reason(delta)
         if self.chat:

@@ -289,12 +289,12 @@ class TritonPool:
             except grpc.RpcError as exc:
                 call.cancel()
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise ApiError(503, f"Triton call failed: {exc.details()}", None, "triton_unavailable") from None
+                    raise _call_failed(exc) from None
                 failure = exc  # no connection to that Triton: the request never started there
             except BaseException:
                 call.cancel()  # the client went away while its request was sent
                 raise
-        raise ApiError(503, f"Triton call failed: {failure.details()}", None, "triton_unavailable")
+        raise _call_failed(failure)
 
 
 class TritonGeneration:
@@ -312,7 +312,7 @@ class TritonGeneration:
         try:
             message = await self._call.read()
         except grpc.RpcError as exc:
-            raise ApiError(503, f"Triton call failed: {exc.details()}", None, "triton_unavailable") from None
+            raise _call_failed(exc) from None
         if message is grpc.aio.EOF:
             raise ApiError(503, "Triton ended the call before the final response", None, "triton_unavailable")
         if message.error_message:
@@ -336,6 +336,10 @@ class TritonGeneration:
             self._calls.give_back(self._call)
         else:
             self._call.cancel()  # the client went away (or the call broke): Triton cancels the request
+
+
+def _call_failed(error: grpc.RpcError) -> ApiError:
+    return ApiError(503, f"Triton call failed: {error.details()}", None, "triton_unavailable")
 
 
 def _has_output(response: service_pb2.ModelInferResponse, name: str) -> bool:
