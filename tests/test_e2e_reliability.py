@@ -129,6 +129,35 @@ def test_stop_input_cancels_the_request_with_that_id_which_ends_normally_with_re
     assert_nothing_held(server)
 
 
+def test_a_stop_cannot_reach_a_stream_forwarded_by_the_ensemble(server):
+    # `stop` cancels by request id, and the ensemble's forwarded ids were `ensemble-<stub pid>-<n>`: any client could
+    # stop another's stream. Try every id of that shape (the pids of the server's stubs, the first counts).
+    import psutil
+
+    pids = [p.pid for p in psutil.Process(server.process.pid).children(recursive=True)] + [server.process.pid]
+    victim_client, stopper = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
+    try:
+        victim = victim_client.send("ensemble", text_inputs("mine", 4000), "victim-text")
+        deadline = time.monotonic() + 10
+        while not victim.responses:
+            assert time.monotonic() < deadline, "the ensemble stream never started"
+            time.sleep(0.01)
+        guesses = [stopper.send("tensorrt_llm", [tensor("stop", True, np.bool_)], f"ensemble-{pid}-{n}")
+                   for pid in pids for n in range(1, 8)]
+        for guess in guesses:
+            guess.wait(5)
+        time.sleep(0.3)
+        assert not victim.done.is_set(), f"a guessed forwarded id stopped another client's stream: {victim.errors}"
+        before = len(victim.responses)
+        time.sleep(0.2)
+        assert len(victim.responses) > before, "the ensemble stream stopped receiving tokens"
+    finally:
+        victim_client.cancel()
+        victim_client.close()
+        stopper.close()
+    assert_slots_free(server)
+
+
 def test_stop_for_an_id_not_in_flight_is_answered_with_one_empty_response(server):
     # As NVIDIA's model: a client stopping after a delay must not fail because its request already ended.
     # (A stop without any request id is INVALID_ARG: tests/test_nvidia_compat.py.)

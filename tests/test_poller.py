@@ -175,7 +175,7 @@ def test_shutdown_ends_open_streams_with_unavailable_and_joins_threads(poller):
     for stream in streams:
         assert stream.finals() == 1
         assert stream.responses[-1][0] == "error" and "shutting down" in stream.responses[-1][2]
-    assert not any(t.is_alive() for t in p._threads)
+    assert not any(t.is_alive() for t in p.dispatcher._threads) and not p.watch._thread.is_alive()
 
 
 def test_queue_bound_refuses_with_unavailable(poller):
@@ -197,7 +197,6 @@ def test_non_streaming_sends_one_response_with_everything(poller):
     assert stream.tokens() == [4] + [synthetic_token([4], k, 32000) for k in range(12)]
 
 
-
 def test_a_bug_while_building_a_response_still_ends_the_request_with_an_error(poller):
     class BrokenDetokenizer:
         def push(self, tokens):
@@ -212,3 +211,98 @@ def test_a_bug_while_building_a_response_still_ends_the_request_with_an_error(po
     assert stream.finals() == 1
     assert stream.responses[-1][:2] == ("error", ErrorCode.INTERNAL) and "detokenizer bug" in stream.responses[-1][2]
     assert p.open_requests == 0
+
+
+def test_a_failure_while_building_the_final_response_still_sends_a_final_error(poller):
+    # The last response is built after the request is known to end: a detokenizer whose flush() raises there
+    # must not leave the client waiting (the request used to be marked ended before its final was built).
+    class FlushFails:
+        def push(self, tokens):
+            return "x" * len(tokens)
+
+        def flush(self):
+            raise ValueError("flush bug")
+
+    p = poller(detokenizer_factory=FlushFails)
+    for streaming in (True, False):
+        stream = ListStream()
+        ctx = context([1], 4, stream, streaming=streaming)
+        ctx.parsed.text_mode = True
+        p.submit(ctx)
+        assert stream.done.wait(5), "no final response"
+        assert stream.finals() == 1
+        assert stream.responses[-1][:2] == ("error", ErrorCode.INTERNAL) and "flush bug" in stream.responses[-1][2]
+    assert p.open_requests == 0
+
+
+class SlowEnqueue(SyntheticExecutor):
+    def __init__(self, release: threading.Event, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.release = release
+
+    def enqueue(self, request):
+        if request.input_ids == [99]:
+            self.release.wait(10)  # as trtllm_llmapi's enqueue waiting on its event loop (up to 60 s)
+        return super().enqueue(request)
+
+
+def test_a_slow_enqueue_holds_no_lock_the_other_streams_need():
+    release = threading.Event()
+    p = Poller(SlowEnqueue(release, step_ms=1.0, max_batch_size=64), cancel_check_s=0.02)
+    p.start()
+    try:
+        running, cancelled = ListStream(), ListStream()
+        p.submit(context([1], 30, running))
+        p.submit(context([2], 100000, cancelled))
+        slow = ListStream()
+        blocked = threading.Thread(target=p.submit, args=(context([99], 3, slow),))
+        blocked.start()
+        time.sleep(0.05)
+        # While that enqueue waits: steps are routed, cancellations are checked, the registry answers.
+        assert running.done.wait(2), "a slow enqueue stalled the other streams"
+        cancelled.cancelled = True
+        assert cancelled.done.wait(2), "a slow enqueue stalled the cancel watch"
+        assert p.open_requests == 0
+        release.set()
+        blocked.join(5)
+        assert slow.done.wait(5) and slow.finals() == 1
+        assert slow.tokens() == [synthetic_token([99], k, 32000) for k in range(3)]
+    finally:
+        release.set()
+        p.shutdown()
+
+
+def test_an_unload_check_that_errors_is_not_an_unload(poller):
+    def broken():
+        raise OSError("connection refused")
+
+    p = poller(cancel_check_s=0.01, unloading=broken)
+    stream = ListStream()
+    p.submit(context([1], 40, stream))
+    assert stream.done.wait(5)
+    assert stream.finals() == 1 and stream.responses[-1][0] != "error"
+    assert p.accepting
+
+
+def test_a_confirmed_unload_ends_the_streams_and_readiness_falls(poller):
+    unloading = threading.Event()
+    p = poller(cancel_check_s=0.01, unloading=unloading.is_set)
+    stream = ListStream()
+    p.submit(context([1], 100000, stream))
+    time.sleep(0.05)
+    assert p.accepting
+    unloading.set()
+    assert stream.done.wait(2)
+    assert stream.responses[-1][:2] == ("error", ErrorCode.UNAVAILABLE)
+    assert not p.accepting
+    late = ListStream()
+    p.submit(context([1], 3, late))
+    assert late.responses[-1][:2] == ("error", ErrorCode.UNAVAILABLE)
+
+
+def test_readiness_falls_when_the_executor_fails(poller):
+    p = poller()
+    stream = ListStream()
+    p.submit(context([9], 10000, stream, crash_at="2"))
+    assert stream.done.wait(2)
+    assert not p.accepting

@@ -5,23 +5,27 @@ copy of the weights in memory. Tokenization and detokenization happen inside `te
 pass-through hop per response. A client's cancellation becomes a `stop` request for the forwarded request id.
 
 BLS responses arrive through a blocking iterator in this Triton release, so each forwarded request gets a thread
-(it sleeps in the IPC wait with the GIL released); one watcher thread checks cancellations for all of them, and
-ends the streams still open when the model is being unloaded (a server stop), so the unload never waits on them.
+(it sleeps in the IPC wait with the GIL released); one watch (watches.StreamWatch, as tensorrt_llm's) checks
+cancellations for all of them, and ends the streams still open when the model is being unloaded (a server stop),
+so the unload never waits on them.
+
+Forwarded request ids are random (128 bits): `stop` cancels by request id, and a client that could guess another's
+forwarded id could stop that client's stream.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import os
+import secrets
 import threading
 import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from .triton_io import model_ready
+from .triton_io import FORWARDED_ID_PREFIX, model_unloading
+from .watches import StreamWatch
 
 log = logging.getLogger("trtllm_model.ensemble")
 
@@ -35,10 +39,11 @@ FORWARDED_GRACE_S = 2.0
 class _Forward:
     """A client request being forwarded: its one sender, and a lock so that nothing is sent after its final."""
 
-    __slots__ = ("request", "sender", "lock", "done", "cancelled")
+    __slots__ = ("request", "forwarded_id", "sender", "lock", "done", "cancelled")
 
-    def __init__(self, request) -> None:
+    def __init__(self, request, forwarded_id: str) -> None:
         self.request = request
+        self.forwarded_id = forwarded_id
         self.sender = request.get_response_sender()
         self.lock = threading.Lock()
         self.done = False
@@ -63,21 +68,27 @@ class TritonPythonModel:
         # Decoupled or not, each response goes out as soon as it arrives and the one that ends the request carries
         # the FINAL flag (as NVIDIA's ensemble): a non-decoupled client gets exactly that one response.
         self._name = args["model_name"]
-        self._ids = itertools.count(1)
-        self._prefix = f"ensemble-{os.getpid()}-"
-        self._lock = threading.Condition()
-        self._open: dict[str, _Forward] = {}  # forwarded id -> client request, for the watcher
-        self._running = True
-        self._watcher = threading.Thread(target=self._watch_cancellations, name="ensemble-cancel", daemon=True)
-        self._watcher.start()
+        self._lock = threading.Lock()  # guards `_open` only; no IPC call is made while holding it
+        self._open: dict[str, _Forward] = {}  # forwarded id -> client request, for the watch
+        self._unloading_since: float | None = None
+        self._watch = StreamWatch(
+            "ensemble-cancel",
+            CANCEL_CHECK_S,
+            open_items=self._open_snapshot,
+            is_cancelled=_client_cancelled,
+            on_cancelled=_forward_cancellation,
+            unloading=lambda: model_unloading(self._name),
+            on_unload=self._unloading_seen,
+        )
+        self._watch.start()
 
     def execute(self, requests: list) -> None:
         for request in requests:
-            forwarded_id = f"{self._prefix}{next(self._ids)}"
-            forward = _Forward(request)
+            forwarded_id = f"{FORWARDED_ID_PREFIX}{secrets.token_hex(16)}"
+            forward = _Forward(request, forwarded_id)
             with self._lock:
                 self._open[forwarded_id] = forward
-                self._lock.notify_all()
+            self._watch.notify()
             threading.Thread(target=self._forward, args=(forward, forwarded_id), daemon=True).start()
         return None
 
@@ -141,35 +152,17 @@ class TritonPythonModel:
         if forward is not None:  # else the watcher ended this stream (the model is being unloaded)
             forward.finish(response)
 
-    def _watch_cancellations(self) -> None:
-        cancelled: set[str] = set()
-        unloading_since = None
-        while self._running:
-            with self._lock:
-                if not self._open:
-                    self._lock.wait()
-                    continue
-            # Readiness first: once the model is being unloaded (a server stop), Triton's answers about requests
-            # can hang, so the watcher asks nothing more and only ends what is still open after the grace period.
-            if unloading_since is None and not _ready(self._name):
-                unloading_since = time.monotonic()
-            if unloading_since is None:
-                with self._lock:
-                    # is_cancelled() under the lock, so that no request is asked about after its final response.
-                    newly = [fid for fid, f in self._open.items() if fid not in cancelled and f.request.is_cancelled()]
-                    for forwarded_id in newly:
-                        self._open[forwarded_id].cancelled = True
-                    cancelled.update(newly)
-                    cancelled &= set(self._open)
-                for forwarded_id in newly:
-                    # On its own thread: a BLS call the watcher waited on could hold every other stream's watch.
-                    threading.Thread(target=_send_stop, args=(forwarded_id,), daemon=True).start()
-            # tensorrt_llm sees the stop too and ends its requests first; once it is gone, its questions about
-            # requests forwarded from here can hang in 2.51. So after a grace period the watcher ends the rest.
-            elif time.monotonic() - unloading_since > FORWARDED_GRACE_S:
-                self._end_open_streams()
-            with self._lock:
-                self._lock.wait(CANCEL_CHECK_S)
+    def _open_snapshot(self) -> list[_Forward]:
+        with self._lock:
+            return [forward for forward in self._open.values() if not forward.cancelled]
+
+    def _unloading_seen(self) -> None:
+        # tensorrt_llm sees the unload too and ends its requests first; once it is gone, its questions about
+        # requests forwarded from here can hang in 2.51. So after a grace period the watch ends the rest.
+        if self._unloading_since is None:
+            self._unloading_since = time.monotonic()
+        elif time.monotonic() - self._unloading_since > FORWARDED_GRACE_S:
+            self._end_open_streams()
 
     def _end_open_streams(self) -> None:
         # Triton unloads this model (and a stopping server exits) only once every client request has had its
@@ -187,14 +180,11 @@ class TritonPythonModel:
             log.warning("model is being unloaded: ended %d forwarded streams", len(forwards))
 
     def is_ready(self) -> bool:
-        """Readiness for servers that ask (26.03+): ready while the model it forwards to is."""
-        return pb_utils.is_model_ready(TARGET_MODEL)
+        """Readiness for servers that ask (26.03+): ready while the model it forwards to is served."""
+        return not self._watch.unload_seen and not model_unloading(TARGET_MODEL)
 
     def finalize(self) -> None:
-        with self._lock:
-            self._running = False
-            self._lock.notify_all()
-        self._watcher.join(timeout=2)
+        self._watch.stop()
 
 
 def _with_code(error):
@@ -235,9 +225,22 @@ def _send_stop(forwarded_id: str) -> None:
         log.warning("could not forward a cancellation", exc_info=True)
 
 
+def _client_cancelled(forward: _Forward) -> bool | None:
+    with forward.lock:  # never asked after its final response (tritonserver 2.51 crashes on that)
+        if forward.done:
+            return None
+        return forward.request.is_cancelled()
+
+
+def _forward_cancellation(forward: _Forward) -> None:
+    forward.cancelled = True
+    # On its own thread: a BLS call the watch waited on could hold every other stream's watch.
+    threading.Thread(target=_send_stop, args=(forward.forwarded_id,), daemon=True).start()
+
+
 def _ready(model: str) -> bool:
     try:
-        return model_ready(model)
+        return not model_unloading(model)
     except Exception:
         return False
 

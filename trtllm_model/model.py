@@ -24,7 +24,7 @@ from .params import Params, parameters_from_model_config
 from .poller import Poller
 from .request_context import BatchStream, ErrorCode, RequestContext
 from .server import EXECUTOR_OVERRIDE_ENV
-from .triton_io import TritonMetricBackend, TritonStream, model_ready, request_parameters_json, request_tensors
+from .triton_io import TritonMetricBackend, TritonStream, model_unloading, request_parameters_json, request_tensors
 
 log = logging.getLogger("trtllm_model")
 
@@ -69,7 +69,7 @@ class TritonPythonModel:
             max_open_requests=_max_open_requests(model_config, params),
             on_failure=self._report_not_ready,
             on_finished=self.metrics.record_finished,
-            still_serving=self._still_serving,
+            unloading=lambda: model_unloading(self.model_name),
         )
         self.metrics.start()
         self.poller.start()
@@ -104,12 +104,9 @@ class TritonPythonModel:
         return None
 
     def is_ready(self) -> bool:
-        """Readiness for servers that ask the model (Triton 26.03+): not ready once the executor has failed."""
-        return self.poller.failure is None
-
-    def _still_serving(self) -> bool:
-        """False once Triton is unloading this model or stopping (the poller then ends every open stream)."""
-        return model_ready(self.model_name)
+        """Readiness for servers that ask the model (Triton 26.03+): not ready once the model stops accepting
+        (its executor failed, or it is being unloaded)."""
+        return self.poller.accepting
 
     def _report_not_ready(self, reason: str) -> None:
         # Servers before 26.03 never call is_ready(); the one way to stop reporting READY there is to unload

@@ -21,6 +21,16 @@ class ErrorCode(enum.Enum):
     INTERNAL = "INTERNAL"
 
 
+class RequestState(enum.Enum):
+    """ACCEPTED: parsed, not yet handed to the executor; RUNNING: the executor has it; ENDED: its final response was
+    sent, or could not be because the stream is gone. Only the dispatcher (or a refusal) sets ENDED, right after
+    that send, so "ended" and "final response sent" cannot disagree."""
+
+    ACCEPTED = "accepted"
+    RUNNING = "running"
+    ENDED = "ended"
+
+
 class ResponseStream(Protocol):
     """Where a request's responses go (a Triton response sender in production, a list in unit tests)."""
 
@@ -49,6 +59,7 @@ class RequestContext:
     finish_reason: str | None = None
     # Requested logits, kept for the final response of a non-streaming request.
     context_logits: object | None = None
+    context_logits_sent: bool = False
     generation_logits: list = field(default_factory=list)
     # KV-cache block counts for return_perf_metrics (the executor's latest; None where it counts none).
     kv_cache_blocks: dict[str, int] = field(default_factory=dict)
@@ -60,8 +71,8 @@ class RequestContext:
     # is in the ready queue or being delivered (then it is not queued again).
     mailbox: list = field(default_factory=list)
     scheduled: bool = False
-    # Set (under `lock`) before the final response is sent; the stream must not be touched afterwards.
-    done: bool = False
+    # Changed under `lock`; once ENDED the stream must not be touched (see RequestState).
+    state: RequestState = RequestState.ACCEPTED
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Timings (time.monotonic_ns) for the latency metrics.
     arrival_ns: int = field(default_factory=time.monotonic_ns)

@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import os
-import urllib.error
-import urllib.request
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from . import watches
 from .request_context import ErrorCode
 from .server import READY_URL_ENV
-
-READY_TIMEOUT_S = 1.0
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Request ids the `ensemble` model gives the requests it forwards here (see send_error).
@@ -36,28 +33,21 @@ def request_parameters_json(request) -> str:
     return request.parameters()
 
 
-def model_ready(name: str) -> bool:
-    """Whether Triton still serves model `name`: False once it is being unloaded or the server is stopping.
+def model_unloading(name: str) -> bool:
+    """True once Triton confirms that model `name` is being unloaded or the server is stopping; an error is no
+    confirmation (see watches.model_unloading).
 
-    Asked over the server's HTTP endpoint where `trtllm-triton serve` gave its address: pb_utils.is_model_ready,
-    asked while tritonserver stops by itself, now and then segfaults the stub (gdb: inside IsModelReady's shared
-    memory message; docs/reliability.md, "Stopping")."""
+    Asked over the server's HTTP endpoint where `trtllm-triton serve` (or launch_trtllm.sh) gave its address:
+    pb_utils.is_model_ready, asked while tritonserver stops by itself, now and then segfaults the stub (gdb: inside
+    IsModelReady's shared memory message; docs/reliability.md, "Stopping"). It is the fallback without an address."""
     base = os.environ.get(READY_URL_ENV)
     if base:
-        try:
-            with urllib.request.urlopen(f"{base}/v2/models/{name}/ready", timeout=READY_TIMEOUT_S) as response:
-                return response.status == 200
-        except urllib.error.HTTPError:
-            return False  # 400: not ready, or the server is stopping
-        except (urllib.error.URLError, OSError) as exc:
-            # A slow answer is a busy server, not a stopping one; a refused connection is a server gone.
-            return isinstance(getattr(exc, "reason", exc), TimeoutError)
+        return watches.model_unloading(base, name)
     try:
-        return pb_utils.is_model_ready(name)
+        return not pb_utils.is_model_ready(name)
     except pb_utils.TritonModelException as exc:
-        if "not ready" in str(exc):  # a stopping server answers "Server not ready" instead of the model's state
-            return False
-        raise
+        # A stopping server answers "Server not ready" instead of the model's state; anything else is unknown.
+        return "not ready" in str(exc)
 
 
 class TritonStream:

@@ -1,0 +1,102 @@
+"""The stream watches without Triton: readiness over HTTP (only the server's own answer counts) and the watch loop."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+import pytest
+
+from trtllm_model.server import free_ports
+from trtllm_model.watches import StreamWatch, model_unloading
+
+
+@pytest.fixture
+def ready_server():
+    """A loopback HTTP server answering /v2/models/<name>/ready with the status set in `answers`."""
+    answers = {"tensorrt_llm": 200}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            name = self.path.split("/")[3]
+            self.send_response(answers.get(name, 400))
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", answers
+    server.shutdown()
+
+
+def test_only_the_servers_own_not_ready_answer_is_an_unload(ready_server):
+    url, answers = ready_server
+    assert not model_unloading(url, "tensorrt_llm")
+    answers["tensorrt_llm"] = 400  # what tritonserver answers for a model being unloaded
+    assert model_unloading(url, "tensorrt_llm")
+
+
+def test_a_proxy_in_the_environment_is_not_asked(ready_server, monkeypatch):
+    # urllib honoured http_proxy: a proxy that refuses (or answers 502) made the model stop serving for good.
+    url, _ = ready_server
+    (dead,) = free_ports(1)
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{dead}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert not model_unloading(url, "tensorrt_llm")
+
+
+def test_errors_are_not_unloads():
+    (dead,) = free_ports(1)
+    assert not model_unloading(f"http://127.0.0.1:{dead}", "tensorrt_llm")  # refused
+
+
+def make_watch(items, lock, **kwargs):
+    asked = []
+
+    def is_cancelled(item):
+        asked.append((item, lock.locked()))
+        return item == "cancel-me"
+
+    cancelled = []
+    watch = StreamWatch("test-watch", 0.01, open_items=lambda: list(items), is_cancelled=is_cancelled,
+                        on_cancelled=cancelled.append, **kwargs)
+    return watch, asked, cancelled
+
+
+def test_the_watch_asks_each_item_outside_the_registry_lock_and_reports_cancellations():
+    lock = threading.Lock()
+    items = ["a", "cancel-me"]
+
+    def snapshot():
+        with lock:  # as the models take their registry lock for the snapshot only
+            return list(items)
+
+    watch, asked, cancelled = make_watch(items, lock)
+    watch._open_items = snapshot
+    watch.start()
+    try:
+        deadline = time.monotonic() + 2
+        while not cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cancelled and cancelled[0] == "cancel-me"
+        assert asked and not any(held for _, held in asked), "asked while holding the lock execute() needs"
+    finally:
+        watch.stop()
+
+
+def test_an_unload_is_reported_and_nothing_is_asked_after_it():
+    lock = threading.Lock()
+    unloads = []
+    watch, asked, _ = make_watch(["a"], lock, unloading=lambda: True, on_unload=lambda: unloads.append(1))
+    watch.start()
+    try:
+        time.sleep(0.1)
+        assert watch.unload_seen and unloads
+        assert not asked
+    finally:
+        watch.stop()

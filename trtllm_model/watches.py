@@ -1,0 +1,133 @@
+"""Stream watches: whose client cancelled, and whether the model is still served. Shared by `tensorrt_llm`'s
+poller and the `ensemble` model; no Triton objects here (the models pass in how to ask).
+
+Both questions are IPC or HTTP round trips, so they are asked in bulk on one thread, never on the token path,
+and never while holding a lock that `execute()` or a delivery needs.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 1.0
+
+Item = TypeVar("Item")
+
+
+def model_unloading(base_url: str, model: str, timeout_s: float = READY_TIMEOUT_S) -> bool:
+    """True only when the server itself answers that `model` is not ready (being unloaded, or the server stops).
+
+    Plain http.client to the address `trtllm-triton serve` gave: no proxy from the environment can answer for the
+    server, and an error (refused, reset, timeout) is not an unload: a model that stopped serving on a network
+    hiccup would fail every stream while Triton kept sending it traffic."""
+    url = urllib.parse.urlsplit(base_url)
+    connection = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=timeout_s)
+    try:
+        connection.request("GET", f"{url.path.rstrip('/')}/v2/models/{urllib.parse.quote(model)}/ready")
+        status = connection.getresponse().status
+    except (OSError, http.client.HTTPException) as exc:
+        log.debug("readiness of %s unknown: %s", model, exc)
+        return False
+    finally:
+        connection.close()
+    return status != 200
+
+
+class StreamWatch(Generic[Item]):
+    """One thread that, every `period_s` while anything is open, first asks whether the model is being unloaded
+    (then `on_unload()` once, and nothing more is asked), else asks each open item whether its client cancelled
+    (then `on_cancelled(item)`).
+
+    `open_items()` returns a snapshot (taken under the caller's own lock, released before any question);
+    `is_cancelled(item)` returns None when the item ended meanwhile (it must not be asked about then: tritonserver
+    2.51 crashes on a cancellation query after a request's final response)."""
+
+    def __init__(
+        self,
+        name: str,
+        period_s: float,
+        open_items: Callable[[], Iterable[Item]],
+        is_cancelled: Callable[[Item], bool | None],
+        on_cancelled: Callable[[Item], None],
+        unloading: Callable[[], bool] | None = None,
+        on_unload: Callable[[], None] | None = None,
+    ) -> None:
+        self.period_s = period_s
+        self._open_items = open_items
+        self._is_cancelled = is_cancelled
+        self._on_cancelled = on_cancelled
+        self._unloading = unloading
+        self._on_unload = on_unload
+        self.unload_seen = False
+        self._wake = threading.Condition()
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def notify(self) -> None:
+        """Something was opened: an idle watch starts watching again."""
+        with self._wake:
+            self._wake.notify()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        with self._wake:
+            self._running = False
+            self._wake.notify()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while self._running:
+            items = list(self._open_items())
+            if not items:
+                with self._wake:
+                    if self._running and not list(self._open_items()):
+                        self._wake.wait()  # nothing in flight: sleep until notify() (or stop)
+                continue
+            # A period first: a request that just arrived has not been cancelled yet, and asking (a round trip
+            # each) while its first step is starting would only compete with it.
+            with self._wake:
+                self._wake.wait(self.period_s)
+            if not self._running:
+                return
+            if self._check_unloading():
+                continue
+            for item in items:
+                try:
+                    cancelled = self._is_cancelled(item)
+                except Exception:
+                    log.debug("is_cancelled failed", exc_info=True)
+                    continue
+                if cancelled:
+                    self._on_cancelled(item)
+
+    def _check_unloading(self) -> bool:
+        # Readiness before cancellations: once the model is being unloaded, asking Triton about a request can hang
+        # (one forwarded by an `ensemble` that is already gone), and the streams must still be ended.
+        if self.unload_seen:
+            if self._on_unload is not None:
+                self._on_unload()  # idempotent: ends what is still open
+            return True
+        if self._unloading is None:
+            return False
+        try:
+            unloading = self._unloading()
+        except Exception:
+            log.debug("unload check failed", exc_info=True)
+            return False  # an error is not an unload
+        if not unloading:
+            return False
+        self.unload_seen = True
+        if self._on_unload is not None:
+            self._on_unload()
+        return True
+
