@@ -240,15 +240,39 @@ def test_time_limit_ends_with_timed_out(executor, prompts):
         ({"top_p": 1.5}, "top_p"),
         ({"stop_words": [[-3]]}, "stop_words"),
         ({"embedding_bias": [0.0, 1.0]}, "embedding_bias"),
+        # Ids the engine would index a logits row with: refused before they reach it (issue 21).
+        ({"end_id": 100000, "min_tokens": 2}, r"end_id=100000: must be within \[0, 49152\)"),
+        ({"end_id": -2}, "end_id"),
+        ({"pad_id": 49152}, "pad_id"),
+        ({"bad_words": [[5, 49152]]}, "bad_words: token id 49152"),
+        ({"stop_words": [[2**40]]}, "stop_words"),
+        ({"max_tokens": 2**31}, r"request_output_len \(max_tokens\): 2147483648 is outside \[1, 2147483647\]"),
+        ({"min_tokens": 2**32}, "min_tokens"),
+        ({"top_k": 2**31}, "top_k"),
+        ({"embedding_bias": [0.0] * 49151 + [float("nan")]}, "embedding_bias: value nan at index 49151"),
+        ({"return_context_logits": True, "input_ids": [1] * 30, "max_tokens": 2}, None),
+        ({"return_generation_logits": True, "max_tokens": 32}, "return_generation_logits: 6291456 bytes"),
     ],
 )
 def test_requests_over_the_limits_are_rejected(limited_executor, change, field):
     request = GenerationRequest(input_ids=[1, 2, 3], max_tokens=4)
     for key, value in change.items():
         setattr(request, key, value)
+    if field is None:  # within the limits: served
+        (result,) = run(limited_executor, [request])
+        assert result.finish is not FinishReason.ERROR
+        return
     with pytest.raises(RequestRejected, match=field) as error:
         limited_executor.enqueue(request)
     assert not error.value.unsupported
+
+
+def test_an_end_id_outside_the_vocabulary_fails_only_its_request(limited_executor, prompts):
+    """Issue 21: end_id 100000 with min_tokens (the end id is banned by index) killed the engine for everyone."""
+    with pytest.raises(RequestRejected, match="end_id=100000"):
+        limited_executor.enqueue(GenerationRequest(input_ids=[1, 2], max_tokens=4, end_id=100000, min_tokens=2))
+    (result,) = run(limited_executor, [greedy(prompts[1], 4, min_tokens=2)])
+    assert len(result.tokens) == 4 and limited_executor.health_error() is None
 
 
 def test_prompt_over_max_num_tokens_is_rejected(loaded):
@@ -269,6 +293,7 @@ def test_beam_search_is_unsupported(limited_executor):
 @pytest.fixture(scope="module")
 def limited_executor(loaded):
     executor = new_executor(loaded, max_input_len=32, max_output_len=32)
+    executor.max_logits_bytes = 6_000_000  # 30 tokens of SmolLM2 logits (49152 x 4 bytes each), not 32
     yield executor
     executor.shutdown()
 

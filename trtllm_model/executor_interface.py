@@ -142,6 +142,9 @@ class BuildLimits:
     source: str = "the engine"
 
 
+# The most float32 logits (context + generation) one request may ask for: config.pbtxt `max_logits_bytes`.
+DEFAULT_MAX_LOGITS_BYTES = 256 * 2**20
+
 # Optional inputs an executor may honour, by the NVIDIA input names that ask for them.
 OPTIONAL_INPUTS = {
     "return_context_logits": ("return_context_logits",),
@@ -179,8 +182,10 @@ class RequestRejected(ValueError):
 class Executor(ABC):
     """An engine behind the poller. `enqueue`, `cancel` and `await_steps` may be called from different threads."""
 
-    # Token ids at or above this are refused at the edge (None: the engine checks, or has no fixed vocabulary).
+    # Token ids at or above this are refused (None: no fixed vocabulary); request_checks.check_request.
     vocab_size: int | None = None
+    # A request asking for more logits bytes than this is refused (None: no bound).
+    max_logits_bytes: int | None = DEFAULT_MAX_LOGITS_BYTES
     # Limits the engine was built for (all None: the executor checks its own, or has none).
     build_limits: BuildLimits = BuildLimits()
     # Optional NVIDIA inputs this executor honours (see OPTIONAL_INPUTS); the edge refuses the others as

@@ -1,15 +1,16 @@
 """Executors by name. Each module is imported only when chosen, so `tensorrt_llm` and `torch` load only if needed.
 
 An executor module exposes `PARAMETERS` (the config.pbtxt names it reads, beyond the common and NVIDIA ones)
-and `create(params: Params) -> Executor`.
+and `create(params: Params) -> Executor`. Every executor runs request_checks.check_request before enqueue.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from ..executor_interface import Executor
+from ..executor_interface import DEFAULT_MAX_LOGITS_BYTES, Executor
 from ..params import ConfigError, Params
+from ..request_checks import PARAMETERS as CHECK_PARAMETERS
 
 DEFAULT_EXECUTOR = "transformers"
 
@@ -27,5 +28,8 @@ def create_executor(raw_params: dict[str, str], override: str | None = None) -> 
     if name not in EXECUTOR_MODULES:
         raise ConfigError(f"parameter executor={name!r}: expected one of {', '.join(sorted(EXECUTOR_MODULES))}")
     module = importlib.import_module(EXECUTOR_MODULES[name])
-    params = Params(raw_params, accepted=module.PARAMETERS)
-    return module.create(params), params
+    params = Params(raw_params, accepted=module.PARAMETERS | CHECK_PARAMETERS)
+    max_logits_bytes = params.int("max_logits_bytes", DEFAULT_MAX_LOGITS_BYTES, minimum=0)  # before the slow load
+    executor = module.create(params)
+    executor.max_logits_bytes = max_logits_bytes
+    return executor, params

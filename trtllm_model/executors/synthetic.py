@@ -37,6 +37,7 @@ from ..executor_interface import (
     Step,
 )
 from ..params import Params
+from ..request_checks import check_request
 
 PARAMETERS = frozenset({"synthetic_step_ms", "synthetic_vocab_size", "synthetic_tokens_per_block"})
 FAULTS = ("reject", "error_at", "crash_at", "stall_ms")
@@ -148,6 +149,7 @@ class SyntheticExecutor(Executor):
             raise RequestRejected("synthetic_fault: request rejected by the executor")
         if request.beam_width != 1:
             raise RequestRejected("beam_width: the synthetic executor supports only 1", unsupported=True)
+        check_request(request, self.vocab_size, self.max_logits_bytes)
         if self.kv_cache and self.kv_cache.full_length_blocks(request) > self.kv_cache.max_blocks:
             raise RequestRejected(
                 f"max_tokens: prompt + max_tokens ({len(request.input_ids)} + {request.max_tokens} tokens) needs "

@@ -11,6 +11,11 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   dtype            float32 (default on CPU), bfloat16 (default on CUDA) or float16
   torch_threads    torch intra-op threads (process-wide); unset: torch's default
   max_num_tokens   tokens through the model per step: decoding sequences + prefilled prompt tokens (default 2048)
+  kv_cache_memory_bytes  the most memory the batch's KV cache may take; a request joins the batch only while the
+                   cache, grown to carry every running request to prompt + max_tokens, stays within it (else it
+                   waits), one that needs more alone is refused. Default on CPU 1.5 GiB (sized for the CPU
+                   Deployment's 4 GiB limit, see docs/performance.md); on CUDA kv_cache_free_gpu_mem_fraction
+                   (NVIDIA's name, default 0.9) of the memory free once the weights are loaded
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
 
@@ -26,6 +31,7 @@ import logging
 import torch
 
 from ..embedded.engine import Engine, EngineConfig, EngineDead
+from ..embedded.kv_budget import DEFAULT_FREE_GPU_MEM_FRACTION, KvBudget, default_kv_cache_bytes
 from ..embedded.model_loading import load_model
 from ..embedded.runner import ModelRunner
 from ..embedded.sequence import Sequence
@@ -39,10 +45,13 @@ from ..executor_interface import (
     Tokenizer,
 )
 from ..params import ConfigError, Params
+from ..request_checks import check_request
 
 log = logging.getLogger(__name__)
 
-PARAMETERS = frozenset({"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens"})
+PARAMETERS = frozenset(
+    {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes"}
+)
 
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_NUM_TOKENS = 2048
@@ -61,8 +70,10 @@ class TransformersExecutor(Executor):
         max_output_len: int | None = None,
         max_queue_size: int | None = None,
         stats_max_iterations: int = 1000,
+        kv_cache_memory_bytes: int | None = None,
     ) -> None:
         self.runner = ModelRunner(model)
+        self.vocab_size = self.runner.vocab_size
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
@@ -72,7 +83,11 @@ class TransformersExecutor(Executor):
         self.max_queue_size = max_queue_size
         self.default_end_id = _end_id_of(model, tokenizer)
         self._ids = itertools.count(1)
-        self.engine = Engine(self.runner, EngineConfig(max_batch_size, max_num_tokens, stats_max_iterations))
+        memory = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else default_kv_cache_bytes(self.runner.device)
+        self.kv_budget = KvBudget(memory, self.runner.kv_bytes_per_token)
+        self.engine = Engine(
+            self.runner, EngineConfig(max_batch_size, max_num_tokens, self.kv_budget, stats_max_iterations)
+        )
 
     # -- Executor --------------------------------------------------------------------------------------------------
     def enqueue(self, request: GenerationRequest) -> int:
@@ -112,7 +127,6 @@ class TransformersExecutor(Executor):
 
     # -- request checks --------------------------------------------------------------------------------------------
     def _check(self, request: GenerationRequest) -> None:
-        vocab = self.runner.vocab_size
         if request.beam_width != 1:
             raise RequestRejected(
                 f"beam_width={request.beam_width}: the transformers executor supports only beam_width 1",
@@ -129,10 +143,7 @@ class TransformersExecutor(Executor):
         if length > self.max_input_len:
             limit = "max_num_tokens" if self.max_input_len == self.max_num_tokens else "max_input_len"
             raise RequestRejected(f"input length {length} exceeds {limit}={self.max_input_len}")
-        if min(request.input_ids) < 0 or max(request.input_ids) >= vocab:
-            raise RequestRejected(f"input_ids: token ids must be within [0, {vocab})")
-        if request.max_tokens < 1:
-            raise RequestRejected(f"max_tokens={request.max_tokens}: must be at least 1")
+        check_request(request, self.vocab_size, self.max_logits_bytes)
         if self.max_output_len is not None and request.max_tokens > self.max_output_len:
             raise RequestRejected(f"max_tokens={request.max_tokens} exceeds max_output_len={self.max_output_len}")
         if length + request.max_tokens > self.runner.max_positions:
@@ -140,16 +151,10 @@ class TransformersExecutor(Executor):
                 f"input length {length} + max_tokens {request.max_tokens} exceeds the model's "
                 f"{self.runner.max_positions} positions"
             )
+        self.kv_budget.check_request(length, request.max_tokens)
         _check_range("temperature", request.temperature, 0.0, None)
         _check_range("top_p", request.top_p, 0.0, 1.0)
-        _check_range("top_k", request.top_k, 0, None)
         _check_range("repetition_penalty", request.repetition_penalty, 1e-6, None)
-        _check_range("min_tokens", request.min_tokens, 0, None)
-        for name, words in (("stop_words", request.stop_words), ("bad_words", request.bad_words)):
-            if any(token < 0 or token >= vocab for word in words for token in word):
-                raise RequestRejected(f"{name}: token ids must be within [0, {vocab})")
-        if request.embedding_bias is not None and len(request.embedding_bias) != vocab:
-            raise RequestRejected(f"embedding_bias: {len(request.embedding_bias)} values, the vocabulary has {vocab}")
 
 
 def _check_range(name: str, value: float | None, low: float | None, high: float | None) -> None:
@@ -191,6 +196,12 @@ def create(params: Params) -> Executor:
         cache_dir=params.str("model_cache_dir"),
     )
     log.info("transformers executor: %s on %s (%s)", loaded.source, device, dtype)
+    kv_cache_memory_bytes = params.int("kv_cache_memory_bytes", None, minimum=1)
+    if kv_cache_memory_bytes is None:
+        fraction = params.float(
+            "kv_cache_free_gpu_mem_fraction", DEFAULT_FREE_GPU_MEM_FRACTION, minimum=0.0, maximum=1.0
+        )
+        kv_cache_memory_bytes = default_kv_cache_bytes(next(loaded.model.parameters()).device, fraction)
     return TransformersExecutor(
         loaded.model,
         loaded.tokenizer,
@@ -200,4 +211,5 @@ def create(params: Params) -> Executor:
         max_output_len=params.int("max_output_len", None, minimum=1),
         max_queue_size=params.int("max_queue_size", None, minimum=1),
         stats_max_iterations=params.int("iter_stats_max_iterations", 1000, minimum=1),
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
     )

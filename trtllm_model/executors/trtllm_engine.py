@@ -31,6 +31,7 @@ from ..executor_interface import (
     Tokenizer,
 )
 from ..params import ConfigError, Params
+from ..request_checks import check_request
 from .trtllm_mapping import (
     NOT_APPLIED_NVIDIA_PARAMETERS,
     executor_config,
@@ -195,6 +196,7 @@ class TrtllmEngineExecutor(Executor):
         if not self._is_leader:
             raise ExecutorError("this MPI rank is a TensorRT-LLM worker; requests go to the leader (rank 0)")
         self._raise_if_unusable()
+        check_request(request, self.vocab_size, self.max_logits_bytes)
         try:
             trt_request = to_trt_request(self._tle, request, self._bias_tensor(request))
         except (TypeError, ValueError, RuntimeError) as exc:

@@ -30,6 +30,7 @@ from ..executor_interface import (
     Tokenizer,
 )
 from ..params import ConfigError, Params
+from ..request_checks import check_request
 from .trtllm_engine import import_tensorrt_llm
 from .trtllm_llmapi_mapping import (
     ENGINE_ONLY_NVIDIA_PARAMETERS,
@@ -79,6 +80,7 @@ class LlmApiExecutor(Executor):
     # -- interface (any thread) ------------------------------------------------------------------------------
     def enqueue(self, request: GenerationRequest) -> int:
         self._raise_if_unusable()
+        check_request(request, self.vocab_size, self.max_logits_bytes)
         try:
             params = self._sampling_params_cls(**sampling_kwargs(request, self.tokenizer(), float_tensor))
         except (TypeError, ValueError) as exc:
