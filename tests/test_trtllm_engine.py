@@ -396,3 +396,53 @@ def test_guided_decoding_maps_onto_the_executor_and_the_request(tle):
     assert trt.guided_decoding_params.guide_type is tle.GuidedDecodingParams.GuideType.JSON_SCHEMA
     assert trt.guided_decoding_params.guide == '{"type": "object"}'
     assert to_trt_request(tle, GenerationRequest([1], 4, guided_decoding_type="json")).guided_decoding_params.guide is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"end_id": 1000}, r"end_id=1000: must be within \[0, 1000\)"),
+        ({"pad_id": -1}, "pad_id"),
+        ({"stop_words": [[999, 1000]]}, "stop_words: token id 1000"),
+        ({"bad_words": [[2**31]]}, "bad_words"),
+        ({"embedding_bias": [float("inf")] * 1000}, "embedding_bias: value inf"),
+        ({"top_k": 2**31}, "top_k"),
+        ({"return_generation_logits": True, "max_tokens": 100000}, "max_logits_bytes=268435456"),
+        ({"lora_task_id": 1, "lora_weights": "w", "lora_config": "c"}, "lora_weights: expected FP16 or FP32"),
+        ({"guided_decoding_type": "json_schema", "guided_decoding_guide": "{"}, "guided_decoding_guide: not a JSON"),
+    ],
+)
+def test_ids_outside_the_engine_vocabulary_are_refused_before_the_engine(executor, fields, message):
+    """Issue 21: an id past the vocabulary indexes past a logits row on the GPU (a device-side assert)."""
+    request = GenerationRequest([5], 2)
+    for key, value in fields.items():
+        setattr(request, key, value)
+    with pytest.raises(RequestRejected, match=message) as error:
+        executor.enqueue(request)
+    assert not error.value.unsupported
+    steps = collect_until_final(executor, {executor.enqueue(GenerationRequest([5], 2))})
+    assert [t for s in steps for t in s.token_ids] == fake_tokens([5], 2, vocab_size=1000)
+
+
+def test_lora_rows_must_pair_up(executor):
+    import numpy as np
+
+    request = GenerationRequest([1], 2, lora_task_id=7, lora_weights=np.ones((2, 8), np.float16),
+                                lora_config=np.array([[1, 0, 4]], np.int32))
+    with pytest.raises(RequestRejected, match="2 weight rows but 1 config rows"):
+        executor.enqueue(request)
+    request.lora_config = np.array([[1, 0, 4], [2, -1, 4]], np.int32)
+    with pytest.raises(RequestRejected, match=r"lora_config: row \[2, -1, 4\]"):
+        executor.enqueue(request)
+
+
+def test_max_logits_bytes_is_a_model_parameter(tle, tmp_path):
+    created, _ = create_executor({"executor": "trtllm_engine", "max_logits_bytes": "8000",
+                                  "gpt_model_path": str(make_engine_dir(tmp_path / "engine", vocab_size=1000))})
+    try:
+        assert created.max_logits_bytes == 8000
+        created.enqueue(GenerationRequest([5], 2, return_generation_logits=True))  # 2 x 1000 x 4 bytes
+        with pytest.raises(RequestRejected, match="12000 bytes .* over max_logits_bytes=8000"):
+            created.enqueue(GenerationRequest([5], 2, return_generation_logits=True, return_context_logits=True))
+    finally:
+        created.shutdown()

@@ -340,3 +340,23 @@ def test_logits_reach_the_step(executor, streaming):
     tokens = [t for s in steps for t in s.token_ids]
     assert all(g.shape[0] == 1 and g.shape[2] == 5000 for g in generation)
     assert [int(i) for g in generation for i in g[0].argmax(axis=-1)] == tokens == fake_tokens([1200], 4, 5000)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"input_ids": [5000]}, r"input_ids: token id 5000 is outside the vocabulary \[0, 5000\)"),
+        ({"end_id": 5000, "min_tokens": 2}, "end_id=5000"),
+        ({"stop_words": [[4999, 5000]]}, "stop_words: token id 5000"),
+        ({"max_tokens": 2**31}, "request_output_len"),
+        ({"return_context_logits": True, "input_ids": [1] * 20000}, "return_context_logits: 400000000 bytes"),
+    ],
+)
+def test_ids_outside_the_checkpoint_vocabulary_are_refused_before_the_llm(executor, fields, message):
+    request = GenerationRequest([5], 2)
+    for key, value in fields.items():
+        setattr(request, key, value)
+    with pytest.raises(RequestRejected, match=message):
+        executor.enqueue(request)
+    steps = collect_until_final(executor, {executor.enqueue(GenerationRequest([5], 2))})
+    assert len([t for s in steps for t in s.token_ids]) == 2 and executor.health_error() is None
