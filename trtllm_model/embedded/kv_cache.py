@@ -5,6 +5,9 @@ padding that the attention mask hides. The buffer is written in place (no `torch
 is replaced by the last row (one row copied, not the whole batch), and dropping the padding that nobody needs
 any more only moves `start`. The class plugs into transformers as a `Cache`, so the model's own forward runs
 unchanged; the engine passes a ready 4-D boolean mask and explicit position ids.
+
+Growth doubles the room it lacks (few reallocations), but never past `max_slots` rows x columns when that is set:
+the scheduler admits only what fits there (`kv_budget`), so the exact size needed always does.
 """
 
 from __future__ import annotations
@@ -47,10 +50,12 @@ class BatchKVCache(Cache):
         device: torch.device,
         rows: int = 0,
         columns: int = 0,
+        max_slots: int | None = None,
     ) -> None:
         super().__init__(layers=[_BufferLayer(self) for _ in range(num_layers)])
         self.shape = (num_kv_heads, head_dim)
         self.dtype, self.device = dtype, device
+        self.max_slots = max_slots
         self.rows = 0
         self.start = 0  # first column any row still needs
         self.end = 0  # one past the last written column
@@ -95,9 +100,13 @@ class BatchKVCache(Cache):
         row_cap, col_cap = self.capacity
         if rows <= row_cap and left <= self.start and self.end + right <= col_cap:
             return
-        new_rows = row_cap if rows <= row_cap else max(rows, 2 * row_cap)
         needed = left + self.span + right
+        new_rows = row_cap if rows <= row_cap else max(rows, 2 * row_cap)
         new_columns = col_cap if needed <= col_cap else max(needed, 2 * col_cap)
+        if self.max_slots is not None and new_rows * new_columns > self.max_slots:
+            # Exact rows; columns (they grow every step) get what the budget leaves, at least what is needed.
+            new_rows = rows
+            new_columns = max(needed, min(new_columns, self.max_slots // max(rows, 1)))
         self._allocate(new_rows, new_columns, left_room=left)
 
     # -- per step ----------------------------------------------------------------------------------------------

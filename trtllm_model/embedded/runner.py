@@ -35,9 +35,15 @@ class ModelRunner:
             return contextlib.nullcontext()
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
-    def new_cache(self, rows: int = 1, columns: int = 16) -> BatchKVCache:
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Keys and values of one token in every layer."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+    def new_cache(self, rows: int = 1, columns: int = 16, max_slots: int | None = None) -> BatchKVCache:
         return BatchKVCache(
-            self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device, rows=rows, columns=columns
+            self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device,
+            rows=rows, columns=columns, max_slots=max_slots,
         )
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:

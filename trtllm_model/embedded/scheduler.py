@@ -1,7 +1,8 @@
 """Who runs in the next step: the running batch decodes, and queued requests join while the limits allow.
 
 Limits per step: at most `max_batch_size` sequences, and at most `max_num_tokens` tokens through the model
-(one per decoding sequence plus every prompt token prefilled). Admission is first come, first served: a request
+(one per decoding sequence plus every prompt token prefilled), and the KV cache the batch reserves for the whole
+life of its requests within the memory budget (`kv_budget`). Admission is first come, first served: a request
 that does not fit yet holds back the ones behind it, so a long prompt cannot be starved by short ones.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from .kv_budget import KvBudget
 from .sequence import Sequence, Status
 
 # A prefill group is split when padding would add more than this share of its real tokens.
@@ -20,6 +22,7 @@ MAX_PADDING_SHARE = 0.25
 class SchedulerLimits:
     max_batch_size: int
     max_num_tokens: int
+    kv_budget: KvBudget
 
 
 class Scheduler:
@@ -30,15 +33,15 @@ class Scheduler:
     def add(self, sequence: Sequence) -> None:
         self.waiting.append(sequence)
 
-    def admit(self, num_running: int) -> list[Sequence]:
+    def admit(self, running: list[Sequence]) -> list[Sequence]:
         """Take the queued sequences that join the batch this step."""
         admitted: list[Sequence] = []
-        budget = self.limits.max_num_tokens - num_running
-        while self.waiting and num_running + len(admitted) < self.limits.max_batch_size:
+        tokens_left = self.limits.max_num_tokens - len(running)
+        while self.waiting and len(running) + len(admitted) < self.limits.max_batch_size:
             head = self.waiting[0]
-            if head.prompt_len > budget:
+            if head.prompt_len > tokens_left or not self.limits.kv_budget.fits([*running, *admitted, head]):
                 break
-            budget -= head.prompt_len
+            tokens_left -= head.prompt_len
             head.status = Status.RUNNING
             admitted.append(self.waiting.popleft())
         return admitted

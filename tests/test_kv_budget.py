@@ -1,0 +1,256 @@
+"""The embedded engine's KV-cache memory budget, steps merged for a slow reader, and failures pinned on one request.
+
+Scheduler tests run without a model; the rest drive the embedded SmolLM2 through the transformers executor.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from trtllm_model.embedded import engine as engine_module
+from trtllm_model.embedded.kv_budget import DEFAULT_CPU_KV_CACHE_BYTES, KvBudget
+from trtllm_model.embedded.model_loading import load_model
+from trtllm_model.embedded.runner import ModelRunner
+from trtllm_model.embedded.scheduler import Scheduler, SchedulerLimits
+from trtllm_model.embedded.sequence import Sequence
+from trtllm_model.executor_interface import FinishReason, GenerationRequest, RequestRejected, Step
+from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
+from trtllm_model.params import Params
+
+SLOT_BYTES = 100  # bytes per token slot in the scheduler tests
+
+
+def sequence(request_id: int, prompt_len: int, max_tokens: int) -> Sequence:
+    request = GenerationRequest(input_ids=[1] * prompt_len, max_tokens=max_tokens)
+    return Sequence.from_request(request_id, request, vocab_size=100, default_end_id=None)
+
+
+def scheduler(max_slots: int, max_batch_size: int = 8, max_num_tokens: int = 1000) -> Scheduler:
+    return Scheduler(SchedulerLimits(max_batch_size, max_num_tokens, KvBudget(max_slots * SLOT_BYTES, SLOT_BYTES)))
+
+
+def test_admission_holds_back_a_request_whose_growth_would_pass_the_budget():
+    """Rows x the longest prompt + max_tokens must fit: two 10+40 requests take 100 slots, a third waits."""
+    queue = scheduler(max_slots=100)
+    first, second, third = sequence(1, 10, 40), sequence(2, 10, 40), sequence(3, 5, 5)
+    for each in (first, second, third):
+        queue.add(each)
+    running = queue.admit([])
+    assert running == [first, second]
+    assert queue.admit(running) == []  # 3 rows x 50 columns > 100, although the third is short
+    running.remove(first)
+    assert queue.admit(running) == [third]
+
+
+def test_a_long_request_holds_back_the_short_ones_behind_it_fifo():
+    """A long request that only fits alone waits for the batch to drain; the short ones behind it wait too."""
+    queue = scheduler(max_slots=100)
+    short = sequence(1, 5, 5)
+    assert queue.admit([]) == [] and (queue.add(short) or queue.admit([])) == [short]
+    long, later = sequence(2, 20, 80), sequence(3, 5, 5)
+    queue.add(long)
+    queue.add(later)
+    assert queue.admit([short]) == []  # 2 rows x 100 columns
+    assert queue.admit([]) == [long]
+    assert queue.admit([long]) == []
+
+
+def test_the_cache_never_grows_past_the_budget_it_was_given():
+    """Growth doubles, but not past max_slots: 4 rows of up to 40 tokens in a 160-slot budget."""
+    from test_kv_cache import decode, prefilled  # the KV-cache tests' helpers: labelled keys
+
+    cache = prefilled([1], [3])
+    cache.max_slots = 160
+    cache.append_rows(prefilled([2, 3, 4], [5, 7, 9]))
+    labels = [1, 2, 3, 4]
+    for _ in range(31):
+        decode(cache, labels)
+        rows, columns = cache.capacity
+        assert rows * columns <= 160
+    assert cache.lengths == [34, 36, 38, 40]
+
+
+# -- with the model ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    torch.set_num_threads(2)
+    return load_model()
+
+
+def new_executor(loaded, **limits) -> TransformersExecutor:
+    return TransformersExecutor(loaded.model, loaded.tokenizer, **limits)
+
+
+def slots(loaded, count: int) -> int:
+    """The budget in bytes that holds `count` token slots of this model's cache."""
+    return count * ModelRunner(loaded.model).kv_bytes_per_token
+
+
+def run_all(executor: TransformersExecutor, requests: list[GenerationRequest], timeout_s: float = 180.0):
+    """Enqueue every request; returns each one's steps (in order) once every one has its final step."""
+    ids = [executor.enqueue(request) for request in requests]
+    steps: dict[int, list[Step]] = {request_id: [] for request_id in ids}
+    deadline = time.monotonic() + timeout_s
+    while not all(s and s[-1].is_final for s in steps.values()):
+        assert time.monotonic() < deadline, "requests did not finish in time"
+        for step in executor.await_steps(1.0):
+            assert not (steps[step.request_id] and steps[step.request_id][-1].is_final), "a step after the final"
+            steps[step.request_id].append(step)
+    return [steps[request_id] for request_id in ids]
+
+
+def tokens_of(steps: list[Step]) -> list[int]:
+    return [token for step in steps for token in step.token_ids]
+
+
+def test_the_default_budget_and_the_parameter(loaded):
+    executor = new_executor(loaded)
+    try:
+        assert executor.kv_budget.memory_bytes == DEFAULT_CPU_KV_CACHE_BYTES == 3 << 29
+        assert executor.kv_budget.bytes_per_slot == 2 * 30 * 3 * 64 * 4  # K and V, SmolLM2's layers x heads x dim
+    finally:
+        executor.shutdown()
+    assert "kv_cache_memory_bytes" in PARAMETERS
+    configured = create(Params({"torch_threads": "2", "kv_cache_memory_bytes": "4608000"}, PARAMETERS))
+    try:
+        assert configured.kv_budget.max_slots == 100
+    finally:
+        configured.shutdown()
+
+
+def test_a_request_that_could_never_fit_is_refused_at_enqueue(loaded):
+    executor = new_executor(loaded, kv_cache_memory_bytes=slots(loaded, 100))
+    try:
+        with pytest.raises(RequestRejected, match="kv_cache_memory_bytes") as error:
+            executor.enqueue(GenerationRequest(input_ids=[1, 2, 3], max_tokens=98))
+        assert not error.value.unsupported and "101" in str(error.value) and "100" in str(error.value)
+        executor.enqueue(GenerationRequest(input_ids=[1, 2, 3], max_tokens=97))  # exactly fits
+    finally:
+        executor.shutdown()
+
+
+def test_requests_beyond_the_budget_wait_and_all_complete(loaded):
+    """Budget 100 slots; each request lives to 3 + 30 tokens: three at once (99), the fourth waits for a row."""
+    executor = new_executor(loaded, kv_cache_memory_bytes=slots(loaded, 100))
+    try:
+        requests = [GenerationRequest(input_ids=[1, 504, 3575 + i], max_tokens=30, min_tokens=30) for i in range(4)]
+        results = run_all(executor, requests)
+        assert [len(tokens_of(steps)) for steps in results] == [30] * 4
+        assert all(steps[-1].finish_reason is FinishReason.LENGTH for steps in results)
+        stats = executor.iteration_stats()
+        assert max(s.active_requests for s in stats) == 3
+        assert max(s.queued_requests for s in stats) >= 1
+        assert {s.kv_cache.max_blocks for s in stats} == {100}
+        assert max(s.kv_cache.used_blocks for s in stats) == 99  # 3 rows x 33 reserved
+        assert all(s.kv_cache.free_blocks == 100 - s.kv_cache.used_blocks for s in stats)
+        rows, columns = executor.engine.cache.capacity
+        assert rows * columns <= 100
+    finally:
+        executor.shutdown()
+
+
+def test_a_slow_reader_gets_every_generation_logits_row(loaded):
+    """Steps a reader has not taken yet merge into one; it must carry one logits row per token."""
+    executor = new_executor(loaded)
+    try:
+        request = GenerationRequest(input_ids=[1, 504, 3575], max_tokens=5, min_tokens=5,
+                                    return_generation_logits=True, return_context_logits=True,
+                                    return_perf_metrics=True)
+        request_id = executor.enqueue(request)
+        engine = executor.engine
+        deadline = time.monotonic() + 120
+        while True:  # read nothing until the request has ended
+            with engine._lock:
+                if any(step.is_final for step in engine._steps):
+                    break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        (step,) = executor.await_steps(1.0)
+        assert step.request_id == request_id and step.is_final and len(step.token_ids) == 5
+        assert step.generation_logits.shape == (1, 5, engine.runner.vocab_size)
+        assert [int(row.argmax()) for row in step.generation_logits[0]] == step.token_ids  # greedy
+        assert step.context_logits.shape == (3, engine.runner.vocab_size)
+        assert step.kv_cache_alloc_total_blocks == 3 + 5
+    finally:
+        executor.shutdown()
+
+
+BAD_TOKEN = 4242  # the prompt token that makes the patched runner fail
+
+
+@pytest.mark.parametrize("stage", ["prefill", "sampling", "context_logits"])
+def test_a_failure_caused_by_one_request_fails_only_that_request(loaded, monkeypatch, stage):
+    executor = new_executor(loaded)
+    runner = executor.runner
+    if stage == "prefill":
+        prefill = runner.prefill
+
+        def failing_prefill(prompts):
+            if any(BAD_TOKEN in prompt for prompt in prompts):
+                raise RuntimeError("simulated prefill failure")
+            return prefill(prompts)
+
+        monkeypatch.setattr(runner, "prefill", failing_prefill)
+    elif stage == "sampling":
+        sample = engine_module.sample_next_tokens
+
+        def failing_sample(logits, states):
+            # Fails in decode, once the bad request has run a few steps beside the others.
+            if any(BAD_TOKEN in state.token_ids and state.num_output >= 3 for state in states):
+                raise RuntimeError("simulated sampling failure")
+            return sample(logits, states)
+
+        monkeypatch.setattr(engine_module, "sample_next_tokens", failing_sample)
+    else:
+        def failing_prompt_logits(prompt):
+            raise RuntimeError("simulated context logits failure")
+
+        monkeypatch.setattr(runner, "prompt_logits", failing_prompt_logits)
+    try:
+        good = [GenerationRequest(input_ids=[1, 504, 3575 + i, 28], max_tokens=8, min_tokens=8) for i in range(2)]
+        bad = GenerationRequest(input_ids=[1, 504, BAD_TOKEN, 28], max_tokens=8, min_tokens=8,
+                                return_context_logits=stage == "context_logits")
+        (alone,) = run_all(executor, [good[0]])
+        first, failed, second = run_all(executor, [good[0], bad, good[1]])  # one prefill group, one batch
+        assert failed[-1].is_final and failed[-1].finish_reason is FinishReason.ERROR
+        assert f"simulated {stage.replace('_', ' ')} failure" in failed[-1].error
+        assert sum(step.is_final for step in failed) == 1
+        for steps in (first, second):
+            assert steps[-1].error is None and len(tokens_of(steps)) == 8
+        assert tokens_of(first) == tokens_of(alone)  # the batch's cache stayed right for the others
+        # The engine goes on serving, its rows freed.
+        (after,) = run_all(executor, [good[0]])
+        assert tokens_of(after) == tokens_of(alone)
+        assert executor.health_error() is None and executor.engine.running == []
+    finally:
+        executor.shutdown()
+
+
+def test_failures_in_a_row_stop_the_engine(loaded, monkeypatch):
+    """A fault that fails every request is the engine's: after MAX_FAILURES_IN_A_ROW it reports itself dead."""
+    executor = new_executor(loaded)
+
+    def broken(prompts):
+        raise RuntimeError("simulated broken device")
+
+    monkeypatch.setattr(executor.runner, "prefill", broken)
+    try:
+        errors = []
+        for i in range(engine_module.MAX_FAILURES_IN_A_ROW - 1):
+            (steps,) = run_all(executor, [GenerationRequest(input_ids=[1, 2 + i], max_tokens=2)])
+            errors.append(steps[-1].error)
+        assert all("simulated broken device" in error for error in errors)
+        assert executor.health_error() is None
+        executor.enqueue(GenerationRequest(input_ids=[1, 2], max_tokens=2))
+        deadline = time.monotonic() + 30
+        while executor.health_error() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "failed in a row" in executor.health_error()
+    finally:
+        executor.shutdown()
