@@ -65,12 +65,12 @@ def _reference(model, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]
 
 
 def test_greedy_batch_through_triton_equals_generate_on_the_same_gpu(cuda_server):
-    from trtllm_model.detokenizer import apply_chat_template
+    from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import load_model
 
     near_tie, min_exact = TOLERANCE[cuda_server.dtype]
     loaded = load_model(device="cuda", dtype=cuda_server.dtype)
-    prompts = [loaded.tokenizer.encode(apply_chat_template(loaded.tokenizer, q)) for q in QUESTIONS]
+    prompts = [chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
 
     client = StreamClient(cuda_server.grpc_url)
     try:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trtllm_model.detokenizer import MAX_WINDOW_TOKENS, IncrementalDetokenizer, apply_chat_template
+from trtllm_model.conversion import Limits, parse_request
+from trtllm_model.detokenizer import MAX_WINDOW_TOKENS, IncrementalDetokenizer, chat_prompt_ids
 from trtllm_model.embedded.model_loading import load_tokenizer
+from trtllm_model.openai_frontend.tokenization import chat_prompt_ids as openai_chat_prompt_ids
 
 PROMPTS = [
     "Héllo wörld, naïve café crème brûlée — Ångström",
@@ -111,6 +114,32 @@ def test_a_one_token_stream_decodes_once(tokenizer):
 
 
 def test_chat_template_wraps_one_user_message(tokenizer):
-    prompt = apply_chat_template(tokenizer, "What is the capital of France?")
+    prompt = tokenizer.decode(chat_prompt_ids(tokenizer, [{"role": "user", "content": "What is the capital of France?"}]))
     assert prompt.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     assert prompt.startswith("<|im_start|>system\n")
+
+
+@pytest.fixture(scope="module")
+def bos_adding_tokenizer(tokenizer):
+    """SmolLM2's tokenizer made to add a BOS when it encodes, as Llama's and many others do."""
+    from transformers import AutoTokenizer
+
+    adding = AutoTokenizer.from_pretrained(tokenizer.name_or_path, add_bos_token=True)
+    assert adding.encode("Hi")[0] == adding.bos_token_id
+    return adding
+
+
+@pytest.mark.parametrize("adds_bos", [False, True])
+def test_one_conversation_gives_the_same_ids_on_both_chat_paths(tokenizer, bos_adding_tokenizer, adds_bos):
+    """The `apply_chat_template` input of the Triton models and the OpenAI frontend's chat: identical ids, with the
+    template's one BOS (none doubled by the tokenizer's own)."""
+    chat = bos_adding_tokenizer if adds_bos else tokenizer
+    question = "What is the capital of France?"
+    tensors = {"text_input": np.array([[question.encode()]], np.object_),
+               "request_output_len": np.array([[4]], np.int32), "apply_chat_template": np.array([[True]])}
+    # The model's apply_chat_template: model.py hands parse_request this function of the text.
+    triton_ids = parse_request(tensors, {}, Limits(), chat,
+                               lambda text: chat_prompt_ids(chat, [{"role": "user", "content": text}])).generation.input_ids
+    openai_ids = openai_chat_prompt_ids(chat, [{"role": "user", "content": question}])
+    assert triton_ids == openai_ids
+    assert openai_ids[0] == chat.bos_token_id and openai_ids[1] != chat.bos_token_id

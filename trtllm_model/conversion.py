@@ -298,8 +298,9 @@ def parse_request(
         if not text:
             raise InvalidInput("text_input: the prompt is empty")
         if _bool(scalars, "apply_chat_template", limits.apply_chat_template) and chat_template is not None:
-            text = chat_template(text)
-        input_ids = tokenizer.encode(text)
+            input_ids = chat_template(text)  # token ids: the template's own special tokens, no second BOS
+        else:
+            input_ids = tokenizer.encode(text)
     elif "input_ids" in tensors:
         input_ids = _token_list("input_ids", tensors["input_ids"], limits)
         length = _int(scalars, "input_lengths", minimum=1)  # over the ids given: all of them, as NVIDIA's slice

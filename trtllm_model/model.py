@@ -147,12 +147,12 @@ class TritonPythonModel:
             return None
         tokenizer = self.tokenizer
 
-        def chat_prompt(text: str) -> str:
-            from .detokenizer import apply_chat_template
+        def chat_prompt_ids_of(text: str) -> list[int]:
+            from .detokenizer import chat_prompt_ids
 
-            return apply_chat_template(tokenizer, text)
+            return chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
 
-        return chat_prompt
+        return chat_prompt_ids_of
 
 
 def _max_open_requests(model_config: dict, params: Params) -> int | None:

@@ -8,6 +8,7 @@ theirs: the synthetic executor's byte tokenizer, the embedded SmolLM2's, or `tok
 
 from __future__ import annotations
 
+from ..detokenizer import chat_prompt_ids as template_prompt_ids
 from ..executor_interface import Tokenizer
 
 # Tokenizers without a chat template (the synthetic executor's) get this plain rendering.
@@ -42,13 +43,11 @@ def load_model_tokenizer(parameters: dict[str, str], executor: str | None = None
 
 
 def chat_prompt_ids(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """The conversation through the model's chat template, ready for the assistant's turn, as token ids.
-
-    The template writes the special tokens (BOS included) itself, so encoding adds none."""
+    """The conversation through the model's chat template (the same ids as the model's `apply_chat_template`
+    input), ready for the assistant's turn, as token ids; a plain rendering without a template."""
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    else:
-        text = "".join(PLAIN_ROLE_LINE.format(**m) for m in messages) + PLAIN_GENERATION_PROMPT
+        return template_prompt_ids(tokenizer, messages)
+    text = "".join(PLAIN_ROLE_LINE.format(**m) for m in messages) + PLAIN_GENERATION_PROMPT
     return tokenizer.encode(text, add_special_tokens=False)
 
 
