@@ -5,6 +5,7 @@ model's Triton edge)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 from test_layering import PACKAGE, imported_modules
@@ -155,3 +156,55 @@ def test_a_body_that_is_json_but_not_an_object_is_400():
     with pytest.raises(ApiError) as refused:
         parse_body(b"[1, 2]", ChatRequest)
     assert (refused.value.status, refused.value.message) == (400, "the request body must be a JSON object")
+
+
+def lines_run_in(module, work) -> int:
+    """How many lines of `module`'s code run during `work()`: a count of operations, not a wall time."""
+    count = 0
+    filename = module.__file__
+
+    def trace(frame, event, _arg):
+        nonlocal count
+        if frame.f_code.co_filename != filename:
+            return None
+        if event == "line":
+            count += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        work()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_stop_string_scanning_is_linear_in_the_text():
+    """Two long stop strings that never end, over a text that keeps a long end held back for one of them: a token
+    costs in proportion to its own text, not to the stop strings' length (nor the text so far)."""
+    import trtllm_model.openai_frontend.text_stream as text_stream_module
+
+    def lines_for(text_length: int, stop_length: int) -> int:
+        stops = ["b" * stop_length + "z", "a" * stop_length + "z"]
+        stream = TextStream(TOKENIZER, stops)
+        ids = TOKENIZER.encode("a" * text_length)
+        released: list[str] = []
+        count = lines_run_in(text_stream_module, lambda: released.extend(stream.push([i]) for i in ids))
+        assert "".join(released) + stream.finish() == "a" * text_length and not stream.stopped
+        return count
+
+    base = lines_for(2000, 100)
+    assert lines_for(4000, 100) <= 2.2 * base  # twice the text: twice the work
+    assert lines_for(2000, 1000) <= base + 20 * 2 * 1000  # ten times longer stops: only their one-off table grows
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_a_stop_string_spanning_pushes_is_found(chunk):
+    # "world" begins in one push and ends in a later one; "orl" ends first but begins later: the earliest-ending
+    # stop string cuts the text.
+    pieces, stream = stream_text("hello world", ["lo wo", "xyz"], chunk)
+    assert "".join(pieces) == "hel" and stream.stopped and stream.tokens == len("hello wo")
+    pieces, stream = stream_text("abcabcabd", ["abcabd"], chunk)  # a false start overlapping the real one
+    assert "".join(pieces) == "abc" and stream.stopped
+    pieces, stream = stream_text("aab", ["aab", "ab"], chunk)  # two end together: the one that begins first cuts
+    assert "".join(pieces) == "" and stream.stopped
