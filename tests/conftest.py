@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_model.server import DEFAULT_REPOSITORY, free_ports, is_ready
+from trtllm_model.server import ADMIN_KEY_ENV, DEFAULT_REPOSITORY, admin_headers, free_ports, is_ready
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -27,6 +28,12 @@ class Server:
     metrics_port: int
     log_path: Path
     repository: Path
+    admin_key: str  # opens the model-repository API (load, unload, index); empty: the server generated its own
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """HTTP headers / gRPC metadata for the model-repository API (tritonclient's `headers=`)."""
+        return admin_headers(self.admin_key)
 
     @property
     def grpc_url(self) -> str:
@@ -123,12 +130,14 @@ def start_server(
     command += serve_args or []
     if server_args:
         command += ["--", *server_args]
-    environment = dict(os.environ)
+    # Tests that load or unload models send this key (server.admin_headers); env={ADMIN_KEY_ENV: ""} lets serve
+    # generate its own, as `make serve` does.
+    environment = {**os.environ, ADMIN_KEY_ENV: secrets.token_urlsafe(24)}
     environment.update(env or {})
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment, cwd=cwd,
                                    start_new_session=new_session)
-    server = Server(process, http_port, grpc_port, metrics_port, log_path, repository)
+    server = Server(process, http_port, grpc_port, metrics_port, log_path, repository, environment[ADMIN_KEY_ENV])
     if not expect_ready:
         return server
     deadline = time.monotonic() + ready_timeout_s

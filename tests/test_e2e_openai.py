@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from triton_client import StreamClient, token_inputs
 
 from trtllm_model.executors.synthetic import SyntheticTokenizer, synthetic_token
 from trtllm_model.openai_frontend.tokenization import chat_prompt_ids
-from trtllm_model.server import free_ports
+from trtllm_model.server import ADMIN_KEY_ENV, free_ports
 
 pytestmark = pytest.mark.e2e
 
@@ -236,23 +237,25 @@ def test_client_disconnect_before_a_non_streamed_answer_cancels_too(served):
 def test_model_not_ready_is_503(client, served):
     server = served[0]
     repository = f"{server.http_url}/v2/repository/models/tensorrt_llm"
-    requests.post(f"{repository}/unload", json={}, timeout=60).raise_for_status()
+    requests.post(f"{repository}/unload", json={}, headers=server.admin_headers, timeout=60).raise_for_status()
     try:
         with pytest.raises(openai.InternalServerError) as unavailable:
             client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=2)
         assert unavailable.value.status_code == 503
         assert unavailable.value.body["type"] == "service_unavailable_error"
     finally:
-        requests.post(f"{repository}/load", json={}, timeout=120).raise_for_status()
+        requests.post(f"{repository}/load", json={}, headers=server.admin_headers, timeout=120).raise_for_status()
     assert client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=2).choices[0].message.content
 
 
 @contextlib.contextmanager
-def frontend_alone(*args: str):
-    """`trtllm-triton openai ARGS` on a free port, once it answers; yields its base URL (http://...:PORT)."""
+def frontend_alone(*args: str, admin_key: str = ""):
+    """`trtllm-triton openai ARGS` on a free port, once it answers; yields its base URL (http://...:PORT).
+    `admin_key`: the server's, for the repository index it lists the models with."""
     (port,) = free_ports(1)
     process = subprocess.Popen([sys.executable, "-m", "trtllm_model.cli", "openai", f"--port={port}", *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env={**os.environ, ADMIN_KEY_ENV: admin_key})
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -272,7 +275,8 @@ def frontend_alone(*args: str):
 def test_one_frontend_for_several_tritons_skips_one_it_cannot_reach(served):
     server = served[0]
     (dead,) = free_ports(1)
-    with frontend_alone(f"--triton-url=127.0.0.1:{dead},{server.grpc_url}", "--executor=synthetic") as base:
+    with frontend_alone(f"--triton-url=127.0.0.1:{dead},{server.grpc_url}", "--executor=synthetic",
+                        admin_key=server.admin_key) as base:
         client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
         for _ in range(4):  # the requests take the two URLs in turn
             reply = client.completions.create(model="tensorrt_llm", prompt="abc", max_tokens=3)

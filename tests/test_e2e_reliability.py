@@ -342,7 +342,7 @@ def test_executor_crash_ends_every_stream_within_1_s_and_the_model_reports_not_r
             assert time.monotonic() < deadline, "model still reports ready with a dead executor"
             time.sleep(0.1)
         # The operator's way back: load it again.
-        grpc_client.load_model("tensorrt_llm")
+        grpc_client.load_model("tensorrt_llm", headers=server.admin_headers)
         assert stream_once(server.grpc_url, "tensorrt_llm", token_inputs([4], 3)).tokens() == expected([4], 3)
         client.close()
     finally:
@@ -377,7 +377,7 @@ def test_unloading_the_model_ends_50_streams_with_unavailable(tmp_path):
     server = start_server(tmp_path, parameters={"max_batch_size": "64"})
     try:
         client, results = _open_streams(server, 50)
-        grpcclient.InferenceServerClient(server.grpc_url).unload_model("tensorrt_llm")
+        grpcclient.InferenceServerClient(server.grpc_url).unload_model("tensorrt_llm", headers=server.admin_headers)
         for result in results:
             assert result.done.wait(10)
             assert result.finals == 1 and result.errors == ["UNAVAILABLE: model is shutting down"]

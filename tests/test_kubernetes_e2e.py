@@ -46,6 +46,7 @@ class Replica:
     ports: dict[str, int]  # port name in the manifests (http, grpc, metrics, openai) -> port on this machine
     process: subprocess.Popen
     log_path: Path
+    admin_headers: dict[str, str] | None = None  # for the model-repository API (None: the server's own key)
 
     def url(self, name: str, path: str = "") -> str:
         return f"http://127.0.0.1:{self.ports[name]}{path}"
@@ -109,7 +110,7 @@ def gpu_replica(tmp_path_factory):
     repository = fake_engine_repository(workdir)
     server = start_server(workdir, executor="trtllm_engine", env={"FAKE_TRTLLM_STEP_MS": "5"}, repository=repository)
     yield Replica({"http": server.http_port, "grpc": server.grpc_port, "metrics": server.metrics_port},
-                  server.process, server.log_path)
+                  server.process, server.log_path, server.admin_headers)
     server.stop()
 
 
@@ -157,12 +158,13 @@ def test_every_probe_answers_as_the_kubelet_expects(directory, request):
 def test_readiness_probe_fails_once_the_model_is_unloaded(gpu_replica):
     """A probe that can fail: with the model unloaded (what a stop does first) ready answers 400, live still 200."""
     base = gpu_replica.url("http", "/v2/repository/models/tensorrt_llm")
-    urllib.request.urlopen(urllib.request.Request(f"{base}/unload", data=b"{}", method="POST"), timeout=30).close()
+    headers = gpu_replica.admin_headers
+    urllib.request.urlopen(urllib.request.Request(f"{base}/unload", b"{}", headers, method="POST"), timeout=30).close()
     try:
         assert status(gpu_replica.url("http", "/v2/health/ready")) == 400
         assert status(gpu_replica.url("http", "/v2/health/live")) == 200
     finally:
-        urllib.request.urlopen(urllib.request.Request(f"{base}/load", data=b"{}", method="POST"), timeout=60).close()
+        urllib.request.urlopen(urllib.request.Request(f"{base}/load", b"{}", headers, method="POST"), timeout=60).close()
     assert status(gpu_replica.url("http", "/v2/health/ready")) == 200
 
 

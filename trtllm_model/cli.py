@@ -17,10 +17,14 @@ import urllib.request
 from pathlib import Path
 
 from .server import (
+    ADMIN_HEADER,
+    ADMIN_KEY_ENV,
     DEFAULT_REPOSITORY,
     EXECUTOR_OVERRIDE_ENV,
     READY_URL_ENV,
     ServerOptions,
+    admin_headers,
+    admin_key,
     is_ready,
     ports_in_use,
     server_command,
@@ -50,7 +54,9 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
     # tritonserver gets a process group of its own, so that a signal to this one (Ctrl-C in a terminal, `kill
     # -TERM -<pgid>`) reaches it only through stop_gracefully below: its Python backend stubs, in its group, never see
     # it (one hit mid-stop ended the `ensemble` stub, which then never answered its streams). It goes with us.
-    process = subprocess.Popen(server_command(options), env=server_environment(extra_env), process_group=0,
+    environment = server_environment(extra_env)
+    environment.pop(ADMIN_KEY_ENV, None)  # the models never need it
+    process = subprocess.Popen(server_command(options), env=environment, process_group=0,
                                preexec_fn=_stop_with_parent)
 
     stopping = threading.Event()
@@ -72,7 +78,7 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         # first (it answers not ready at once when it stops) and only unload a server that is still ready.
         time.sleep(SIGNAL_SETTLE_S)
         if is_ready(connect_host, options.http_port):
-            unload_models(connect_host, options.http_port)
+            unload_models(connect_host, options.http_port, options.admin_key)
         if process.poll() is None:
             process.send_signal(signum)
 
@@ -108,7 +114,9 @@ def start_openai_frontend(options: ServerOptions, connect_host: str, port: int) 
                f"--host={options.host}", f"--port={port}"]
     if options.executor:
         command.append(f"--executor={options.executor}")  # the frontend loads the tokenizer of the executor in use
-    return subprocess.Popen(command)
+    # The frontend lists the models through the restricted repository index: it gets the key, in its environment
+    # (not on its command line, which any local user can read).
+    return subprocess.Popen(command, env={**os.environ, ADMIN_KEY_ENV: options.admin_key})
 
 
 def stop_process(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
@@ -122,45 +130,44 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
         process.wait()
 
 
-def loaded_models(host: str, http_port: int) -> list[str]:
-    """Names of the models the server has loaded (READY in its repository index)."""
-    request = urllib.request.Request(f"http://{host}:{http_port}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(request, timeout=5) as response:
+def loaded_models(host: str, http_port: int, key: str, timeout_s: float = 5.0) -> list[str]:
+    """Names of the models the server has loaded (READY in its repository index, which asks for the admin key)."""
+    request = urllib.request.Request(f"http://{host}:{http_port}/v2/repository/index", data=b"{}", method="POST",
+                                     headers=admin_headers(key))
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return [model["name"] for model in json.loads(response.read()) if model.get("state") == "READY"]
 
 
 def ready_banner(host: str, options: ServerOptions) -> str:
     """What `serve` prints once ready: the models actually loaded and where to reach them."""
     try:
-        models = loaded_models(host, options.http_port)
+        models = loaded_models(host, options.http_port, options.admin_key)
     except (OSError, ValueError) as exc:
         return f"\ntrtllm-triton: ready (could not list the loaded models: {exc})\n"
     generate = next((name for name in ("ensemble", "tensorrt_llm") if name in models), None)
     endpoint = f"  (POST /v2/models/{generate}/generate_stream)" if generate else ""
+    key_source = f"${ADMIN_KEY_ENV}" if os.environ.get(ADMIN_KEY_ENV) == options.admin_key else "generated, not shown"
     return (
         f"\ntrtllm-triton: ready. models: {', '.join(models) or '(none)'}\n"
         f"  HTTP     http://{host}:{options.http_port}{endpoint}\n"
         f"  gRPC     {host}:{options.grpc_port}\n"
         f"  metrics  http://{host}:{options.metrics_port}/metrics\n"
+        f"  model-repository API (load, unload, index): only with header {ADMIN_HEADER} (key: {key_source})\n"
     )
 
 
-def unload_models(host: str, http_port: int, settle_s: float = 5.0) -> None:
+def unload_models(host: str, http_port: int, key: str, settle_s: float = 5.0) -> None:
     """Ask the server to unload every ready model, and wait (bounded) until none is ready."""
     base = f"http://{host}:{http_port}/v2/repository"
 
-    def ready_models() -> list[str]:
-        request = urllib.request.Request(f"{base}/index", data=b"{}", method="POST")
-        with urllib.request.urlopen(request, timeout=2) as response:
-            return [m["name"] for m in json.loads(response.read()) if m.get("state") == "READY"]
-
     try:
-        for name in ready_models():
-            request = urllib.request.Request(f"{base}/models/{name}/unload", data=b"{}", method="POST")
+        for name in loaded_models(host, http_port, key, timeout_s=2):
+            request = urllib.request.Request(f"{base}/models/{name}/unload", data=b"{}", method="POST",
+                                             headers=admin_headers(key))
             with contextlib.suppress(OSError):  # unload answers when done; open streams may hold it: don't wait
                 urllib.request.urlopen(request, timeout=0.5).close()
         deadline = time.monotonic() + settle_s
-        while ready_models() and time.monotonic() < deadline:
+        while loaded_models(host, http_port, key, timeout_s=2) and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(0.5)  # let the models' final responses leave
     except OSError:
@@ -225,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     repository = args.model_repository.resolve()
     if args.decoupled is not None:
         repository = repository_copy_with_policy(repository, args.decoupled == "true")
+    try:
+        key = admin_key()
+    except ValueError as exc:
+        parser.error(str(exc))
     options = ServerOptions(
         model_repository=repository,
         host=args.host,
@@ -234,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         executor=args.executor,
         log_verbose=args.log_verbose,
         extra_args=args.server_args,
+        admin_key=key,
     )
     return serve(options, args.ready_timeout, None if args.no_openai else args.openai_port)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import secrets
 import shutil
 import socket
 import sys
@@ -24,6 +26,14 @@ READY_URL_ENV = "TRTLLM_TRITON_HTTP_URL"
 # How long tritonserver waits for its models to unload on a stop before it exits anyway. Every open stream ends
 # within about a second of a stop (see docs/reliability.md); set Kubernetes' terminationGracePeriodSeconds above it.
 EXIT_TIMEOUT_S = 15
+# Triton's model-repository API (index, load, unload) runs whatever a load request uploads: `serve` answers it only
+# to requests that carry this header with the admin key (docs/security.md). The operator's key comes from
+# ADMIN_KEY_ENV; without one, each start generates its own, known only to `serve` and the OpenAI frontend it starts.
+ADMIN_KEY_ENV = "TRTLLM_TRITON_ADMIN_KEY"
+ADMIN_HEADER = "trtllm-admin-key"
+GRPC_ADMIN_PREFIX = "triton-grpc-protocol-"  # tritonserver 2.51 reads gRPC metadata keys with this prefix
+# tritonserver splits its restriction flag at ':', ',' and '=': a key is one run of URL-safe characters.
+_ADMIN_KEY_PATTERN = re.compile(r"[A-Za-z0-9._~+/-]{16,}")
 
 
 def pytriton_dir() -> Path:
@@ -76,6 +86,33 @@ def server_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def admin_key(environ: dict[str, str] | os._Environ = os.environ) -> str:
+    """The operator's admin key from ADMIN_KEY_ENV, or a new random one; raises ValueError for an unusable key."""
+    key = environ.get(ADMIN_KEY_ENV)
+    if not key:
+        return secrets.token_urlsafe(32)
+    if not _ADMIN_KEY_PATTERN.fullmatch(key):
+        raise ValueError(f"{ADMIN_KEY_ENV} must be at least 16 characters of A-Z a-z 0-9 . _ ~ + / - "
+                         "(tritonserver's flag syntax takes no others)")
+    return key
+
+
+def admin_headers(key: str) -> dict[str, str]:
+    """Headers (HTTP) or metadata (gRPC) that open the model-repository API of a server started with `key`.
+
+    Triton looks for the gRPC metadata under its own prefix; each protocol ignores the other's entry, so one dict
+    serves an HTTP and a gRPC client alike."""
+    return {ADMIN_HEADER: key, f"{GRPC_ADMIN_PREFIX}{ADMIN_HEADER}": key}
+
+
+def restricted_api_args(key: str) -> list[str]:
+    """tritonserver flags that close the model-repository API, over HTTP and gRPC, to requests without the key."""
+    return [
+        f"--http-restricted-api=model-repository:{ADMIN_HEADER}={key}",
+        f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={key}",
+    ]
+
+
 @dataclass
 class ServerOptions:
     model_repository: Path = DEFAULT_REPOSITORY
@@ -86,11 +123,13 @@ class ServerOptions:
     executor: str | None = None
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)
+    admin_key: str = field(default_factory=admin_key, repr=False)
 
 
 def server_command(options: ServerOptions) -> list[str]:
     # Explicit model control with every model loaded at start: a model can then unload itself when its
-    # executor dies, which is how a 2.51 server learns that the model is no longer ready.
+    # executor dies, which is how a 2.51 server learns that the model is no longer ready. That in-process
+    # unload (pb_utils.unload_model) does not go through the endpoints, so the restriction does not stop it.
     return [
         str(pytriton_dir() / "bin" / "tritonserver"),
         f"--model-repository={options.model_repository}",
@@ -107,6 +146,7 @@ def server_command(options: ServerOptions) -> list[str]:
         "--allow-cpu-metrics=true",
         f"--log-verbose={options.log_verbose}",
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        *restricted_api_args(options.admin_key),
         *options.extra_args,
     ]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import re
 import struct
 import time
@@ -25,6 +26,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from ..executor_interface import Tokenizer
+from ..server import ADMIN_KEY_ENV, admin_headers
 from .protocol import ApiError
 from .tokenization import config_parameters, context_length, load_model_tokenizer
 
@@ -232,7 +234,10 @@ class TritonPool:
     async def refresh_models(self) -> dict[str, str]:
         """Learn the ready models that take token ids and stream token ids; returns every model's state."""
         async with self._refresh_lock:
-            index = await self._first_answer(lambda c: c.get_model_repository_index(as_json=True))
+            # The repository index is restricted to the admin key (docs/security.md); serve passes it in the environment.
+            key = os.environ.get(ADMIN_KEY_ENV)
+            headers = admin_headers(key) if key else None
+            index = await self._first_answer(lambda c: c.get_model_repository_index(headers=headers, as_json=True))
             states = {m["name"]: m.get("state", "") for m in index.get("models", [])}
             for name in [n for n in self.models if states.get(n) != "READY"]:
                 del self.models[name]
