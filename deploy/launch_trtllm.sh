@@ -18,6 +18,9 @@
 #   EXIT_TIMEOUT_SECS   tritonserver's --exit-timeout-secs (30): how long a stop waits for the models to unload;
 #                       keep Kubernetes' terminationGracePeriodSeconds above preStop time + this (docs/kubernetes.md)
 #   CONFIGURE_ONLY=1    write the model repository and exit (a multi-node worker: mpirun starts its ranks)
+#   TRTLLM_TRITON_ADMIN_KEY  the key Triton's model-repository API (load, unload, index) asks for, in the header
+#                       trtllm-admin-key (gRPC: triton-grpc-protocol-trtllm-admin-key); unset: a random one per start,
+#                       never printed, so nobody can load or unload models over the network (docs/security.md)
 #   MPI_HOSTS           multi-node leader mode: mpirun's --host list, e.g. "leader:4,worker-1:4" (ranks fill the
 #                       hosts in order); unset: every rank on this host
 #   PYTHON (python3), PTH_DIR (that Python's site-packages: where the .pth file goes)
@@ -62,9 +65,20 @@ if [ "${CONFIGURE_ONLY:-0}" = 1 ]; then exit 0; fi
 # The models ask this endpoint whether they are still served (pb_utils.is_model_ready can crash a stub while the
 # server stops: docs/reliability.md, "Stopping").
 export TRTLLM_TRITON_HTTP_URL=${TRTLLM_TRITON_HTTP_URL:-http://127.0.0.1:$http_port}
+# The model-repository API runs whatever a load request uploads: only callers with the admin key may use it.
+# trtllm_model.server checks the operator's key (or makes one) and writes the two tritonserver flags.
+restricted=$(PYTHONPATH="$package_root" "$python" -c '
+import sys
+from trtllm_model.server import admin_key, restricted_api_args
+try:
+    print(" ".join(restricted_api_args(admin_key())))
+except ValueError as error:
+    sys.exit(f"launch_trtllm.sh: {error}")')
+unset TRTLLM_TRITON_ADMIN_KEY  # the models never need it
+read -r -a restricted <<< "$restricted"
 serving=(--http-port="$http_port" --grpc-port="$grpc_port" --metrics-port="$metrics_port"
          --allow-metrics=true --model-control-mode=explicit '--load-model=*'
-         --exit-timeout-secs="${EXIT_TIMEOUT_SECS:-30}")
+         --exit-timeout-secs="${EXIT_TIMEOUT_SECS:-30}" "${restricted[@]}")
 
 if [ "$executor" = trtllm_engine ] && [ "$world_size" -gt 1 ] && [ "${TRTLLM_ORCHESTRATOR:-0}" != 1 ]; then
   # Leader mode: one tritonserver per rank. Rank 0 serves; the others only load the model (their executor

@@ -6,11 +6,14 @@ tritonserver and mpirun are stand-ins here that print their arguments, so the co
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from trtllm_model.server import ADMIN_HEADER
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "deploy" / "launch_trtllm.sh"
@@ -83,3 +86,29 @@ def test_exit_timeout_multinode_hosts_and_configure_only(tmp_path, stand_ins):
     only = launch(tmp_path, stand_ins, CONFIGURE_ONLY="1", MODEL_REPOSITORY=str(tmp_path / "worker-repo"))
     assert only.returncode == 0 and "tritonserver" not in only.stdout and "mpirun" not in only.stdout
     assert (tmp_path / "worker-repo" / "tensorrt_llm" / "config.pbtxt").exists()
+
+
+def restriction_keys(command: str) -> set[str]:
+    """The admin keys in a command line's --http-restricted-api and --grpc-restricted-protocol flags (asserted there)."""
+    http = re.findall(rf"--http-restricted-api=model-repository:{ADMIN_HEADER}=(\S+)", command)
+    grpc = re.findall(rf"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}=(\S+)", command)
+    assert len(http) == 1 and http == grpc, command
+    return set(http)
+
+
+def test_the_model_repository_api_is_restricted_to_a_key_made_per_start_or_given(tmp_path, stand_ins):
+    """Without the flags anyone reaching port 8000/8001 could upload a model (Python code) and run it."""
+    first, second = (launch(tmp_path, stand_ins) for _ in range(2))
+    keys = [restriction_keys(done.stdout.strip().splitlines()[-1]) for done in (first, second)]
+    assert keys[0] != keys[1] and all(len(key.pop()) >= 32 for key in keys)
+    given = launch(tmp_path, stand_ins, TRTLLM_TRITON_ADMIN_KEY="operator-key-0123456789")
+    assert restriction_keys(given.stdout.strip().splitlines()[-1]) == {"operator-key-0123456789"}
+    # Leader mode: rank 0 serves and is restricted; the other ranks open no endpoint at all.
+    rank0, rank1 = launch(tmp_path, stand_ins, WORLD_SIZE="2").stdout.strip().splitlines()[-1].split(" : ")
+    assert len(restriction_keys(rank0)) == 1 and "--allow-http=false" in rank1 and "--allow-grpc=false" in rank1
+
+
+def test_an_unusable_operator_key_stops_the_start(tmp_path, stand_ins):
+    failed = launch(tmp_path, stand_ins, TRTLLM_TRITON_ADMIN_KEY="short:key")
+    assert failed.returncode != 0 and "TRTLLM_TRITON_ADMIN_KEY must be" in failed.stderr
+    assert "tritonserver" not in failed.stdout
