@@ -5,16 +5,20 @@ model's Triton edge)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import sys
+import threading
 
 import pytest
 from test_layering import PACKAGE, imported_modules
 
 from trtllm_model.executors.synthetic import SyntheticTokenizer
+from trtllm_model.openai_frontend import app as app_module
 from trtllm_model.openai_frontend.app import _JoinedWrites
 from trtllm_model.openai_frontend.protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from trtllm_model.openai_frontend.text_stream import TextStream
-from trtllm_model.openai_frontend.triton_pool import api_error_from_triton
+from trtllm_model.openai_frontend.triton_pool import ModelInfo, api_error_from_triton, generation_request
 
 TOKENIZER = SyntheticTokenizer()  # ids under 256 are bytes: a token per character
 
@@ -208,3 +212,176 @@ def test_a_stop_string_spanning_pushes_is_found(chunk):
     assert "".join(pieces) == "abc" and stream.stopped
     pieces, stream = stream_text("aab", ["aab", "ab"], chunk)  # two end together: the one that begins first cuts
     assert "".join(pieces) == "" and stream.stopped
+
+
+class FakePool:
+    """TritonPool's part the completion routes use, without a Triton: one model; sending fails after the prompt
+    is tokenized (the tests here end there)."""
+
+    def __init__(self, urls: list[str], executor: str | None = None) -> None:
+        self.info = ModelInfo("m", FakePool.tokenizer, None, None)
+        self.sent: list[list[int]] = []
+
+    async def refresh_models(self) -> dict[str, str]:
+        return {"m": "READY"}
+
+    async def model(self, name: str) -> ModelInfo:
+        return self.info
+
+    async def is_ready(self) -> bool:
+        FakePool.on_health()
+        return True
+
+    async def send(self, info: ModelInfo, input_ids: list[int], sampling) -> None:
+        self.sent.append(input_ids)
+        raise ApiError(503, "no Triton here", None, "triton_unavailable")
+
+    async def close(self) -> None:
+        pass
+
+    tokenizer = TOKENIZER
+    on_health = staticmethod(lambda: None)
+
+
+@contextlib.asynccontextmanager
+async def running_app(monkeypatch, max_body_bytes: int = app_module.DEFAULT_MAX_BODY_BYTES):
+    """The frontend's ASGI app over a FakePool, its lifespan started (as uvicorn does) and ended after."""
+    monkeypatch.setattr(app_module, "TritonPool", FakePool)
+    app = app_module.create_app(["127.0.0.1:1"], max_body_bytes=max_body_bytes)
+    events: asyncio.Queue = asyncio.Queue()
+    started = asyncio.Event()
+    await events.put({"type": "lifespan.startup"})
+
+    async def send(message) -> None:
+        if message["type"] == "lifespan.startup.complete":
+            started.set()
+
+    lifespan = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, events.get, send))
+    await asyncio.wait_for(started.wait(), 10)
+    try:
+        yield app
+    finally:
+        await events.put({"type": "lifespan.shutdown"})
+        await asyncio.wait_for(lifespan, 10)
+
+
+async def http_call(app, method: str, path: str, chunks: list[bytes] = (), headers: dict[str, str] | None = None):
+    """(status, JSON body, request body messages the app read) of one plain ASGI request."""
+    messages = [{"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+                for i, chunk in enumerate(chunks)] or [{"type": "http.request", "body": b"", "more_body": False}]
+    read = 0
+
+    async def receive():
+        nonlocal read
+        if read < len(messages):
+            read += 1
+            return messages[read - 1]
+        await asyncio.Event().wait()  # the client stays: no disconnect
+
+    sent = []
+
+    async def send(message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "path": path,
+             "raw_path": path.encode(), "query_string": b"", "root_path": "", "scheme": "http",
+             "server": ("127.0.0.1", 9000), "client": ("127.0.0.1", 5000),
+             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]}
+    await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(body), read
+
+
+def test_a_body_over_the_limit_is_413_without_reading_it(monkeypatch):
+    async def scenario() -> None:
+        async with running_app(monkeypatch, max_body_bytes=1000) as app:
+            chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 2000}]}).encode()
+            # Declared too large: refused before any of the body is read.
+            status, body, read = await http_call(app, "POST", "/v1/chat/completions", [chat],
+                                                 {"content-length": str(len(chat))})
+            assert (status, body["error"]["code"], read) == (413, "request_too_large", 0)
+            assert body["error"]["type"] == "invalid_request_error" and "1000 bytes" in body["error"]["message"]
+            # Chunked (no length given): refused at the chunk that passes the limit, the rest never read.
+            pieces = [chat[i : i + 100] for i in range(0, len(chat), 100)]
+            status, body, read = await http_call(app, "POST", "/v1/completions", pieces)
+            assert (status, read) == (413, 11)
+            # At the limit: read whole and answered on its merits.
+            small = json.dumps({"model": "m", "prompt": [1, 2]}).encode()
+            status, body, _ = await http_call(app, "POST", "/v1/completions", [small],
+                                              {"content-length": str(len(small))})
+            assert status == 503 and body["error"]["message"] == "no Triton here"
+
+    asyncio.run(scenario())
+
+
+def test_a_long_prompt_is_tokenized_off_the_event_loop(monkeypatch):
+    """While a long prompt is encoded, the loop serves other connections: here /health, which the encode waits
+    for (on the loop, it would wait in vain)."""
+    health_seen = threading.Event()
+    encoded_on: list[str] = []
+
+    class SlowTokenizer(SyntheticTokenizer):
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            if len(text) > app_module.INLINE_TOKENIZE_CHARS:
+                encoded_on.append("after /health" if health_seen.wait(5) else "blocking the loop")
+            return super().encode(text, add_special_tokens)
+
+    monkeypatch.setattr(FakePool, "tokenizer", SlowTokenizer())
+    monkeypatch.setattr(FakePool, "on_health", staticmethod(health_seen.set))
+
+    async def scenario() -> None:
+        async with running_app(monkeypatch) as app:
+            long_chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+            chat = asyncio.create_task(http_call(app, "POST", "/v1/chat/completions", [long_chat]))
+            await asyncio.sleep(0.05)  # the chat request is being tokenized
+            health_status, _, _ = await asyncio.wait_for(http_call(app, "GET", "/health"), 10)
+            status, _, _ = await chat
+            assert (health_status, status) == (200, 503)
+            # A short prompt is tokenized on the loop (no thread handoff).
+            short = json.dumps({"model": "m", "prompt": "hi"}).encode()
+            assert (await http_call(app, "POST", "/v1/completions", [short]))[0] == 503
+
+    asyncio.run(scenario())
+    assert encoded_on == ["after /health"]
+
+
+CHAT = '{"model": "m", "messages": [{"role": "user", "content": "x"}], '
+COMPLETION = '{"model": "m", "prompt": "x", '
+OUT_OF_RANGE = [
+    (CHAT + '"max_tokens": 2147483648}', "max_tokens"),
+    (CHAT + '"max_tokens": -1}', "max_tokens"),
+    (CHAT + '"max_completion_tokens": 9223372036854775808}', "max_completion_tokens"),
+    (CHAT + '"temperature": -0.5}', "temperature"),
+    (CHAT + '"temperature": 1e400}', "temperature"),
+    (CHAT + '"top_p": 1.5}', "top_p"),
+    (CHAT + '"presence_penalty": -3}', "presence_penalty"),
+    (CHAT + '"frequency_penalty": 2.5}', "frequency_penalty"),
+    (CHAT + '"seed": -1}', "seed"),
+    (CHAT + '"seed": 18446744073709551616}', "seed"),
+    (CHAT + '"n": -1}', "n"),
+    (CHAT + '"n": 2147483648}', "n"),
+    (CHAT + '"top_logprobs": 21, "logprobs": true}', "top_logprobs"),
+    (COMPLETION + '"logprobs": -1}', "logprobs"),
+    (COMPLETION + '"logprobs": 2147483648}', "logprobs"),
+    ('{"model": "m", "prompt": [1, 2147483648]}', "prompt"),
+    ('{"model": "m", "prompt": [-1]}', "prompt"),
+    ('{"model": "m", "prompt": [[5, 4294967296]]}', "prompt"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), OUT_OF_RANGE)
+def test_out_of_range_values_are_400_naming_the_parameter(body, param):
+    kind = ChatRequest if body.startswith(CHAT) else CompletionRequest
+    with pytest.raises(ApiError) as refused:
+        parse_body(body.encode(), kind)
+    assert (refused.value.status, refused.value.param.split(".")[0]) == (400, param)
+    assert "valid string" not in refused.value.message  # a token id prompt's bound, not the text prompt's type
+
+
+def test_the_largest_accepted_values_fit_the_models_tensors():
+    request = parse_body(b'{"model": "m", "prompt": [2147483647], "max_tokens": 2147483647, '
+                         b'"seed": 18446744073709551615}', CompletionRequest)
+    info = ModelInfo("m", TOKENIZER, None, None)
+    sampling = app_module._sampling(request, info, 1)
+    generation_request("r", info, request.single_prompt(), sampling)  # packs every value into its tensor

@@ -11,6 +11,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+# Token counts and token ids travel to Triton as INT32 tensors: a value past these bounds is the caller's error (400).
+INT32_MAX = 2**31 - 1
+TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
 
 class ApiError(Exception):
     """An error the frontend answers with OpenAI's error JSON and an HTTP status."""
@@ -24,7 +29,8 @@ class ApiError(Exception):
 
     @property
     def type(self) -> str:
-        return {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
+        return {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
+                429: "rate_limit_error",
                 503: "service_unavailable_error"}.get(self.status, "server_error")
 
     def body(self) -> dict:
@@ -43,7 +49,7 @@ class _Sampling(_Body):
     """Parameters both endpoints share."""
 
     model: str
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: TokenCount | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
@@ -98,7 +104,7 @@ class ChatMessage(_Body):
 
 class ChatRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[Any] | None = None
@@ -131,7 +137,7 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
     best_of: int | None = None
@@ -170,7 +176,12 @@ def parse_body(raw: bytes, model: type[_Body]) -> Any:
     try:
         request = model.model_validate_json(raw)  # pydantic parses the JSON too: one pass, no dict in between
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        first = errors[0]
+        # A field with several accepted shapes (prompt) fails once per shape: name the one that got furthest, a
+        # value out of range rather than "should be a valid string".
+        first = max((e for e in errors if e["loc"][:1] == first["loc"][:1]),
+                    key=lambda e: (not e["type"].endswith(("_type", "_parsing")), len(e["loc"])))
         if first["type"] == "json_invalid":
             reason = first["msg"].removeprefix("Invalid JSON: ")
             raise ApiError(400, f"the request body is not valid JSON: {reason}", None, "invalid_json") from None
