@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     openai.add_argument("--executor", help="the executor the server runs, if `serve --executor` overrode the config's "
                         "(the frontend loads that executor's tokenizer)")
     openai.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
+    openai.add_argument("--max-body-bytes", type=int, default=4 << 20,
+                        help="largest request body accepted (default 4 MiB); a larger one gets 413")
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "configure":
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         from .openai_frontend.app import run as run_openai
 
         urls = [url for value in args.triton_url for url in value.split(",") if url]
-        run_openai(urls, args.host, args.port, args.executor, args.log_level)
+        run_openai(urls, args.host, args.port, args.executor, args.log_level, args.max_body_bytes)
         return 0
     repository = args.model_repository.resolve()
     if args.decoupled is not None:
