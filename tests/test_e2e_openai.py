@@ -174,6 +174,32 @@ def test_invalid_parameters_are_400_naming_the_parameter(client, served):
         assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
 
 
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"max_tokens": 2**31}, "max_tokens"), ({"max_tokens": -1}, "max_tokens"), ({"n": 2**31}, "n"),
+    ({"temperature": -1}, "temperature"), ({"top_p": 2}, "top_p"), ({"seed": 2**64}, "seed"),
+    ({"logprobs": 2**31}, "logprobs"), ({"prompt": [7, 2**31]}, "prompt.1"), ({"prompt": [[-1]]}, "prompt.0.0"),
+])
+def test_out_of_range_values_are_400_not_500(served, extra, param):
+    answer = requests.post(f"{served[1]}/completions", json={"model": "tensorrt_llm", "prompt": "a", **extra},
+                           timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param and answer.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_body_over_4_mib_is_413(served):
+    body = b'{"model": "tensorrt_llm", "prompt": "' + b"a" * (4 << 20) + b'"}'
+    answer = requests.post(f"{served[1]}/completions", data=body, headers={"Content-Type": "application/json"},
+                           timeout=60)
+    assert answer.status_code == 413
+    assert answer.json()["error"]["code"] == "request_too_large"
+    chunked = requests.post(f"{served[1]}/completions", data=iter([body[i : i + 65536]
+                                                                   for i in range(0, len(body), 65536)]), timeout=60)
+    assert chunked.status_code == 413  # no Content-Length: counted as it comes
+    # The frontend serves the next request as usual.
+    assert requests.post(f"{served[1]}/completions", json={"model": "tensorrt_llm", "prompt": "abc", "max_tokens": 3},
+                         timeout=30).json()["choices"][0]["text"] == "def"
+
+
 def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="gpt-4o", messages=HI)
