@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,6 +61,10 @@ class ParsedRequest:
     # `stop` input: this request only asks to cancel the in-flight request with the same request id.
     stop_only: bool = False
     prompt_ids: list[int] = field(default_factory=list)
+    # Set by the request's convention (conventions/): its output tensors (default: response_outputs below), and
+    # for a `stop` request, the message of the CANCELLED error that answers it (None: an empty response).
+    outputs: Callable[[ParsedRequest, ResponseContent], dict[str, np.ndarray]] | None = None
+    stop_error: str | None = None
 
 
 # Alternative spellings: NVIDIA renamed some inputs in 2025-05 and the text-level model uses other names.

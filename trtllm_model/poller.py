@@ -155,7 +155,10 @@ class Poller:
             target.stopped = True
             self._cancel(target)
         try:
-            ctx.stream.send({}, final=True)  # an empty response, as NVIDIA's: every client sees its end
+            if ctx.parsed.stop_error is not None:  # NVIDIA's LLM API model answers a stop with CANCELLED
+                ctx.stream.send_error(ErrorCode.CANCELLED, ctx.parsed.stop_error)
+            else:
+                ctx.stream.send({}, final=True)  # an empty response, as NVIDIA's: every client sees its end
         except Exception:
             log.warning("could not answer a stop request", exc_info=True)
         ctx.state = RequestState.ENDED

@@ -150,7 +150,7 @@ class ResponseAssembler:
             generation_logits=_concat_logits(generation_logits) if generation_logits else None,
             perf=_perf(ctx) if ctx.parsed.return_perf_metrics else None,
         )
-        return response_outputs(ctx.parsed, content)
+        return (ctx.parsed.outputs or response_outputs)(ctx.parsed, content)
 
     def _decode(self, tokens: list[int]) -> str:
         if self.detokenizer_factory is None:
