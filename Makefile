@@ -23,9 +23,10 @@ $(STAMP): pyproject.toml
 		|| echo "note: npm installs the Prometheus operator's CRD schemas; without them that test skips"
 	touch $(STAMP)
 
+# make serve LAYOUT=llmapi: NVIDIA's LLM API model (model_repository_llmapi: model.yaml, sampling_param_* inputs).
 # make serve DECOUPLED=false: one response per request (unary gRPC ModelInfer, HTTP infer); streaming refused.
 serve: $(STAMP)
-	$(BIN)/trtllm-triton serve $(if $(DECOUPLED),--decoupled $(DECOUPLED)) $(ARGS)
+	$(BIN)/trtllm-triton serve $(if $(LAYOUT),--layout $(LAYOUT)) $(if $(DECOUPLED),--decoupled $(DECOUPLED)) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -32,6 +32,7 @@ from .server import (
     wait_until_ready,
 )
 
+LLMAPI_REPOSITORY = DEFAULT_REPOSITORY.parent / "model_repository_llmapi"
 # Time for a signal sent to the whole process group to reach tritonserver as well (see stop_gracefully).
 SIGNAL_SETTLE_S = 0.2
 
@@ -189,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trtllm-triton")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("serve", help="start tritonserver on a model repository and wait until it exits")
-    run.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
+    run.add_argument("--model-repository", type=Path, help=f"default: {DEFAULT_REPOSITORY} (--layout llmapi: "
+                     f"{LLMAPI_REPOSITORY})")
+    run.add_argument("--layout", choices=("inflight_batcher", "llmapi"), default="inflight_batcher",
+                     help="llmapi: serve NVIDIA's LLM API layout (model.yaml, sampling_param_* inputs)")
     run.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
     run.add_argument("--http-port", type=int, default=8000)
     run.add_argument("--grpc-port", type=int, default=8001)
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         urls = [url for value in args.triton_url for url in value.split(",") if url]
         run_openai(urls, args.host, args.port, args.executor, args.log_level, args.max_body_bytes)
         return 0
-    repository = args.model_repository.resolve()
+    repository = (args.model_repository or (LLMAPI_REPOSITORY if args.layout == "llmapi" else DEFAULT_REPOSITORY)).resolve()
     if args.decoupled is not None:
         repository = repository_copy_with_policy(repository, args.decoupled == "true")
     try:

@@ -18,6 +18,7 @@ from .params import ConfigError, Params
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TEMPLATES = PACKAGE_ROOT / "templates"
 DEFAULT_ENSEMBLE = PACKAGE_ROOT / "model_repository" / "ensemble"
+LLMAPI_REPOSITORY = PACKAGE_ROOT / "model_repository_llmapi"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MODEL_NAME = "tensorrt_llm"
 MODEL_PY = (
@@ -107,9 +108,24 @@ def with_decoupled(config_text: str, decoupled: bool) -> str:
 
 
 def set_decoupled(repository: Path, decoupled: bool) -> None:
-    """Set every model of a repository (tensorrt_llm and the ensemble forwarding to it) to one policy."""
+    """Set every model of a repository (tensorrt_llm and the ensemble forwarding to it) to one policy; in NVIDIA's
+    LLM API layout the policy is model.yaml's triton_config.decoupled."""
     for config in sorted(repository.glob("*/config.pbtxt")):
+        model_yaml = config.parent / "1" / "model.yaml"
+        if not DECOUPLED_LINE.search(config.read_text()) and model_yaml.is_file():
+            model_yaml.write_text(yaml_with_decoupled(model_yaml.read_text(), decoupled))
+            continue
         config.write_text(with_decoupled(config.read_text(), decoupled))
+
+
+YAML_DECOUPLED_LINE = re.compile(r"^(\s+decoupled:[ \t]*)[A-Za-z]+", re.MULTILINE)
+
+
+def yaml_with_decoupled(text: str, decoupled: bool) -> str:
+    """model.yaml with triton_config.decoupled set (its comments kept)."""
+    if not YAML_DECOUPLED_LINE.search(text):
+        raise ConfigError("model.yaml has no `decoupled:` line under triton_config")
+    return YAML_DECOUPLED_LINE.sub(lambda m: m.group(1) + ("true" if decoupled else "false"), text, count=1)
 
 
 def write_repository(output: Path, config_text: str, ensemble: Path | None, force: bool) -> None:
@@ -137,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                "--set gpt_model_path=/engines/llama --set tokenizer_dir=/hf/llama --set max_beam_width=1 "
                "(add --set decoupled_mode=false for unary clients: one response per request, no streaming)",
     )
+    parser.add_argument("--layout", choices=("inflight_batcher", "llmapi"), default="inflight_batcher",
+                        help="llmapi: NVIDIA's LLM API layout (model.yaml); see --layout llmapi --help")
     parser.add_argument("--executor", required=True, choices=sorted(TEMPLATES))
     parser.add_argument("--output", required=True, type=Path, help="directory for the model repository")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
@@ -151,7 +169,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def write_llmapi_repository(output: Path, assignments: list[str], decoupled: str | None, force: bool) -> None:
+    """NVIDIA's LLM API layout (tensorrt_llm/config.pbtxt + 1/model.yaml) from model_repository_llmapi, with
+    `--set key=value` written into model.yaml (values read as YAML; `triton_config.key` for that section)."""
+    import yaml
+
+    from .model_yaml import read_model_yaml
+
+    values = parse_assignments(assignments)
+    if decoupled is not None and values.setdefault("triton_config.decoupled", decoupled) != decoupled:
+        raise ConfigError("--decoupled and --set triton_config.decoupled disagree; give one of them")
+    if output.exists() and any(output.iterdir()):
+        if not force:
+            raise ConfigError(f"--output {output}: not empty; choose an empty directory or pass --force")
+        shutil.rmtree(output)
+    shutil.copytree(LLMAPI_REPOSITORY, output, ignore=shutil.ignore_patterns("__pycache__"))
+    model_yaml = output / MODEL_NAME / "1" / "model.yaml"
+    data = yaml.safe_load(model_yaml.read_text())
+    for key, text in values.items():
+        section, _, name = key.rpartition(".")
+        target = data.setdefault(section, {}) if section else data
+        target[name] = yaml.safe_load(text)
+    if values:
+        model_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
+    try:
+        read_model_yaml(model_yaml)
+    except ConfigError:
+        shutil.rmtree(output)
+        raise
+
+
 def main(argv: list[str]) -> int:
+    argv = list(argv)
+    if "--layout" in argv and argv[argv.index("--layout") + 1 : argv.index("--layout") + 2] == ["llmapi"]:
+        return llmapi_main(argv)
     args = build_parser().parse_args(argv)
     template_path = args.templates / TEMPLATES[args.executor] / "config.pbtxt"
     try:
@@ -176,6 +227,30 @@ def main(argv: list[str]) -> int:
         return 2
     print(f"trtllm-triton configure: wrote {args.output} (executor={args.executor}); "
           f"serve it with: trtllm-triton serve --model-repository {args.output}")
+    return 0
+
+
+def llmapi_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="trtllm-triton configure --layout llmapi",
+        description="Write NVIDIA's LLM API layout (tensorrt_llm/config.pbtxt + 1/model.yaml).",
+        epilog="example: trtllm-triton configure --layout llmapi --output /models --set executor=trtllm_llmapi "
+               "--set model=/hf/llama --set backend=pytorch --set triton_config.decoupled=true",
+    )
+    parser.add_argument("--layout", choices=("llmapi",), required=True)
+    parser.add_argument("--output", required=True, type=Path, help="directory for the model repository")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help="a model.yaml key (an LLM argument, executor, or triton_config.KEY); repeatable")
+    parser.add_argument("--decoupled", choices=("true", "false"), help="same as --set triton_config.decoupled=...")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --output directory")
+    args = parser.parse_args(argv)
+    try:
+        write_llmapi_repository(args.output, args.assignments, args.decoupled, args.force)
+    except ConfigError as exc:
+        print(f"trtllm-triton configure: {exc}", file=sys.stderr)
+        return 2
+    print(f"trtllm-triton configure: wrote {args.output} (NVIDIA's LLM API layout); serve it with: "
+          f"trtllm-triton serve --model-repository {args.output}")
     return 0
 
 

@@ -66,6 +66,11 @@ class GenerationRequest:
     lora_config: object | None = None  # numpy int32 array [layers x modules, 3] as NVIDIA's `lora_config`
     guided_decoding_type: str | None = None  # json | json_schema | regex | ebnf_grammar
     guided_decoding_guide: str | None = None
+    # NVIDIA's LLM API inputs (conventions/llmapi.py): a LoRA adapter by path (lora_id, lora_name, lora_path,
+    # lora_ckpt_source) and a logits post-processor declared in model.yaml, by name. Executors without them have
+    # no `llmapi_features` for them, and the edge refuses such requests as UNSUPPORTED.
+    lora_adapter: tuple[int, str, str, str] | None = None
+    logits_post_processor: str | None = None
     # Executor-specific test hooks (the synthetic executor's fault injection); ignored by real engines.
     faults: dict[str, str] = field(default_factory=dict)
 

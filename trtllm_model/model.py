@@ -1,7 +1,9 @@
 """TritonPythonModel for the decoupled `tensorrt_llm` model: a thin lifecycle over the poller.
 
-initialize: read config.pbtxt parameters, build the executor, start the poller.
-execute:    validate and convert each request, hand it to the poller, return None (responses are streamed).
+initialize: read config.pbtxt parameters (or NVIDIA's model.yaml), build the executor, start the poller.
+execute:    validate and convert each request by the model's tensor convention (NVIDIA's inflight-batcher names,
+            or NVIDIA's LLM API names when the model directory has a model.yaml), hand it to the poller, return
+            None (responses are streamed).
 finalize:   end every open stream with a final response, stop the poller and the executor.
 """
 
@@ -11,15 +13,19 @@ import gc
 import json
 import logging
 import os
+import sys
 import threading
+from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
 from .build_limits import request_limits
+from .conventions import llmapi
 from .conversion import InvalidInput, Limits, parameters_dict, parse_request, split_batch
 from .executors import create_executor
 from .executors.synthetic import SyntheticExecutor
 from .metrics import MetricsReporter
+from .model_yaml import LlmApiConfig, embedded_parameters, model_yaml_path, read_model_yaml
 from .params import Params, parameters_from_model_config
 from .poller import Poller
 from .request_context import BatchStream, ErrorCode, RequestContext
@@ -32,6 +38,16 @@ SYNTHETIC_FAULT_PARAMETERS = frozenset(f"synthetic_fault_{name}" for name in ("r
 
 
 class TritonPythonModel:
+    @classmethod
+    def auto_complete_config(cls, config):
+        """NVIDIA's LLM API layout keeps the transaction policy and max_batch_size in model.yaml, not config.pbtxt."""
+        path = model_yaml_path(_version_dir_of(cls))
+        if path is not None:
+            triton = read_model_yaml(path).triton
+            config.set_model_transaction_policy(dict(decoupled=triton.decoupled))
+            config.set_max_batch_size(triton.max_batch_size)
+        return config
+
     def initialize(self, args: dict) -> None:
         model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
@@ -40,7 +56,13 @@ class TritonPythonModel:
         # Python model may send its one response, with the FINAL flag, that way instead of returning it.
         decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         override = os.environ.get(EXECUTOR_OVERRIDE_ENV) or None
-        self.executor, params = create_executor(parameters_from_model_config(model_config), override)
+        yaml_path = model_yaml_path(Path(args["model_repository"]) / args["model_version"])
+        self.llmapi = read_model_yaml(yaml_path) if yaml_path is not None else None
+        raw_params = parameters_from_model_config(model_config)
+        if self.llmapi is None:
+            self.executor, params = create_executor(raw_params, override)
+        else:
+            self.executor, params = _llmapi_executor(self.llmapi, raw_params, override)
         self.tokenizer = self.executor.tokenizer()
         self.chat_template = self._chat_template()
         self.limits = Limits(
@@ -51,8 +73,17 @@ class TritonPythonModel:
             accepted_parameters=SYNTHETIC_FAULT_PARAMETERS if isinstance(self.executor, SyntheticExecutor) else frozenset(),
             optional_inputs=self.executor.optional_inputs,
             decoupled=decoupled,
-            executor_name=override or params.str("executor", "transformers"),
+            executor_name=override or (self.llmapi.executor if self.llmapi else params.str("executor", "transformers")),
         )
+        if self.llmapi is not None:
+            self.llmapi_options = llmapi.LlmApiOptions(
+                multimodal=self.llmapi.triton.multimodal,
+                logits_post_processors=frozenset(self.llmapi.logits_post_processors),
+                executor_features=getattr(self.executor, "llmapi_features", frozenset()),
+            )
+        cancel_check_ms = params.int("cancellation_check_period_ms", 100, minimum=1)
+        if self.llmapi is not None:
+            cancel_check_ms = self.llmapi.triton.cancellation_check_period_ms
         self.metrics = MetricsReporter(
             TritonMetricBackend(),
             self.executor.iteration_stats,
@@ -65,7 +96,7 @@ class TritonPythonModel:
             self.executor,
             detokenizer_factory=self._detokenizer_factory(),
             sender_threads=params.int("sender_threads", 4, minimum=1),  # 4 beat 2 by ~40% responses/s (bench/serving.py)
-            cancel_check_s=params.int("cancellation_check_period_ms", 100, minimum=1) / 1000.0,
+            cancel_check_s=cancel_check_ms / 1000.0,
             max_open_requests=_max_open_requests(model_config, params),
             on_failure=self._report_not_ready,
             on_finished=self.metrics.record_finished,
@@ -78,15 +109,7 @@ class TritonPythonModel:
         for request in requests:
             stream = TritonStream(request)
             try:
-                parameters = parameters_dict(request_parameters_json(request), self.limits.accepted_parameters)
-                batch = split_batch(request_tensors(request))
-                if len(batch) > 1 and not self.limits.decoupled:
-                    raise InvalidInput(f"a batch of {len(batch)} sequences in one request needs the decoupled model "
-                                       "(one response per sequence); send one per request", unsupported=True)
-                parsed = [
-                    parse_request(tensors, parameters, self.limits, self.tokenizer, self.chat_template)
-                    for tensors in batch
-                ]
+                parsed = self._parse(request)
             except InvalidInput as exc:
                 stream.send_error(ErrorCode.UNSUPPORTED if exc.unsupported else ErrorCode.INVALID_ARG, str(exc))
                 continue
@@ -102,6 +125,16 @@ class TritonPythonModel:
                     log.exception("submit failed")
                     member.send_error(ErrorCode.INTERNAL, f"submit failed: {exc}")
         return None
+
+    def _parse(self, request) -> list:
+        parameters = parameters_dict(request_parameters_json(request), self.limits.accepted_parameters)
+        if self.llmapi is not None:
+            return [llmapi.parse_request(request_tensors(request), self.limits, self.tokenizer, self.llmapi_options)]
+        batch = split_batch(request_tensors(request))
+        if len(batch) > 1 and not self.limits.decoupled:
+            raise InvalidInput(f"a batch of {len(batch)} sequences in one request needs the decoupled model "
+                               "(one response per sequence); send one per request", unsupported=True)
+        return [parse_request(tensors, parameters, self.limits, self.tokenizer, self.chat_template) for tensors in batch]
 
     def is_ready(self) -> bool:
         """Readiness for servers that ask the model (Triton 26.03+): not ready once the model stops accepting
@@ -153,6 +186,32 @@ class TritonPythonModel:
             return chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
 
         return chat_prompt_ids_of
+
+
+def _version_dir_of(cls: type) -> Path | None:
+    """The model's version directory, seen from auto_complete_config (the stub passes no arguments there): the
+    directory of the thin model.py that imported `cls`."""
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and module.__name__ != __name__ and getattr(module, "TritonPythonModel", None) is cls:
+            return Path(path).parent
+    return None
+
+
+def _llmapi_executor(config: LlmApiConfig, raw_params: dict[str, str], override: str | None):
+    """The executor model.yaml asks for: every LLM argument to tensorrt_llm.LLM (trtllm_llmapi), or the embedded
+    engine (`executor: transformers`); `serve --executor` overrides it."""
+    name = override or config.executor
+    if name == "trtllm_llmapi":
+        from .executors.trtllm_llmapi import create_from_model_yaml
+
+        return create_from_model_yaml(config, raw_params)
+    embedded, ignored = embedded_parameters(config)
+    if ignored and name == "transformers":
+        log.warning("%s: executor %s does not use these LLM arguments: %s", config.path, name, ", ".join(ignored))
+    if name != "transformers":
+        embedded = {}
+    return create_executor({**raw_params, **embedded}, name)
 
 
 def _max_open_requests(model_config: dict, params: Params) -> int | None:

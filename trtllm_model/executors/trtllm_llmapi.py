@@ -8,6 +8,7 @@ turns each streamed RequestOutput into Steps, and `cancel` calls `abort()` on th
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import json
 import logging
@@ -30,6 +31,7 @@ from ..executor_interface import (
     Tokenizer,
 )
 from ..params import ConfigError, Params
+from ..request_checks import PARAMETERS as CHECK_PARAMETERS
 from ..request_checks import check_request
 from .trtllm_engine import import_tensorrt_llm
 from .trtllm_llmapi_mapping import (
@@ -63,10 +65,15 @@ class LlmApiExecutor(Executor):
     # LoRA here takes adapters by path (LoRARequest), not NVIDIA's weight tensors; guided decoding needs the LLM
     # built with a guided-decoding backend: both UNSUPPORTED.
     optional_inputs = frozenset({"return_context_logits", "return_generation_logits"})
+    # NVIDIA's LLM API inputs this executor honours (conventions/llmapi.py).
+    llmapi_features = frozenset({"lora_request", "logits_post_processor"})
 
-    def __init__(self, llm: Any, sampling_params_cls: type) -> None:
+    def __init__(self, llm: Any, sampling_params_cls: type, lora_request_cls: type | None = None,
+                 logits_post_processors: dict[str, Any] | None = None) -> None:
         self._llm = llm
         self._sampling_params_cls = sampling_params_cls
+        self._lora_request_cls = lora_request_cls
+        self._processors = logits_post_processors or {}
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._ready: list[Step] = []
@@ -81,12 +88,28 @@ class LlmApiExecutor(Executor):
     def enqueue(self, request: GenerationRequest) -> int:
         self._raise_if_unusable()
         check_request(request, self.vocab_size, self.max_logits_bytes)
+        kwargs = sampling_kwargs(request, self.tokenizer(), float_tensor)
+        if request.logits_post_processor is not None:
+            if request.logits_post_processor not in self._processors:
+                raise RequestRejected(f"sampling_param_logits_post_processor_name={request.logits_post_processor!r}: "
+                                      "not declared under logits_post_processors in model.yaml")
+            kwargs["logits_processor"] = self._processors[request.logits_post_processor]
         try:
-            params = self._sampling_params_cls(**sampling_kwargs(request, self.tokenizer(), float_tensor))
+            params = self._sampling_params_cls(**kwargs)
         except (TypeError, ValueError) as exc:
             raise RequestRejected(f"TensorRT-LLM rejected the sampling parameters: {exc}") from exc
+        lora = None
+        if request.lora_adapter is not None:
+            lora_id, name, path, source = request.lora_adapter
+            if self._lora_request_cls is None:
+                raise RequestRejected("lora_path: this LLM takes no LoRA adapters", unsupported=True)
+            try:
+                lora = self._lora_request_cls(lora_name=name, lora_int_id=lora_id, lora_path=path,
+                                              lora_ckpt_source=source)
+            except (TypeError, ValueError) as exc:
+                raise RequestRejected(f"lora_path={path!r}: TensorRT-LLM rejected the adapter: {exc}") from exc
         request_id = next(self._ids)
-        started = asyncio.run_coroutine_threadsafe(self._start(request_id, request, params), self._loop)
+        started = asyncio.run_coroutine_threadsafe(self._start(request_id, request, params, lora), self._loop)
         try:
             started.result(timeout=ENQUEUE_TIMEOUT_S)
         except (TypeError, ValueError) as exc:
@@ -151,9 +174,9 @@ class LlmApiExecutor(Executor):
             raise ExecutorError(error)
 
     # -- loop thread -----------------------------------------------------------------------------------------
-    async def _start(self, request_id: int, request: GenerationRequest, params: Any) -> None:
+    async def _start(self, request_id: int, request: GenerationRequest, params: Any, lora: Any = None) -> None:
         output = self._llm.generate_async({"prompt_token_ids": list(request.input_ids)}, sampling_params=params,
-                                          streaming=True)
+                                          lora_request=lora, streaming=True)
         live = _Live(output, OutputState(beam_search=request.beam_width > 1, want_log_probs=request.return_log_probs))
         if request.allotted_time_ms:
             live.timer = self._loop.call_later(request.allotted_time_ms / 1000, self._abort, request_id, True)
@@ -244,6 +267,53 @@ def create(params: Params) -> LlmApiExecutor:
     executor.vocab_size = checkpoint_vocab_size(config)
     executor.build_limits = limits
     return executor
+
+
+def create_from_model_yaml(config: Any, raw_params: dict[str, str]) -> tuple[LlmApiExecutor, Params]:
+    """The executor for NVIDIA's LLM API layout (model_yaml.LlmApiConfig): every LLM argument of model.yaml goes
+    to `tensorrt_llm.LLM(**kwargs)` (a `kv_cache_config` mapping as a KvCacheConfig), and the named logits
+    post-processors are imported as NVIDIA's model imports them."""
+    params = Params(raw_params, accepted=CHECK_PARAMETERS)
+    kwargs = dict(config.llm_kwargs)
+    processors = load_logits_post_processors(config.logits_post_processors)
+    tensorrt_llm = import_tensorrt_llm("tensorrt_llm", "trtllm_llmapi")
+    llmapi = import_tensorrt_llm("tensorrt_llm.llmapi", "trtllm_llmapi")
+    if isinstance(kwargs.get("kv_cache_config"), dict):
+        kwargs["kv_cache_config"] = llmapi.KvCacheConfig(**kwargs["kv_cache_config"])
+    try:
+        llm = tensorrt_llm.LLM(**kwargs)
+    except Exception as exc:
+        raise ExecutorError(f"{config.path}: tensorrt_llm.LLM(**model.yaml) failed: {exc}") from exc
+    checkpoint = Path(str(kwargs["model"]))
+    checkpoint_json = checkpoint_config(checkpoint) if (checkpoint / "config.json").is_file() else {}
+    executor = LlmApiExecutor(llm, tensorrt_llm.SamplingParams, getattr(llmapi, "LoRARequest", None), processors)
+    executor.vocab_size = checkpoint_vocab_size(checkpoint_json)
+    # A hub name (NVIDIA's default model.yaml) has no local config.json: only the LLM's own arguments bound it.
+    executor.build_limits = (llm_build_limits(llm.args, checkpoint_json, checkpoint) if checkpoint_json else
+                             BuildLimits(max_seq_len=getattr(llm.args, "max_seq_len", None), source=str(config.path)))
+    return executor, params
+
+
+def load_logits_post_processors(specs: dict[str, str]) -> dict[str, Any]:
+    """model.yaml's `logits_post_processors` (name -> 'module.path:attribute') -> name -> processor; a class is
+    instantiated once without arguments. Errors name the processor, at load."""
+    processors = {}
+    for name, spec in specs.items():
+        module_name, _, attribute = spec.partition(":")
+        if not module_name or not attribute:
+            raise ConfigError(f"logits_post_processors[{name!r}]={spec!r}: expected 'module.path:attribute'")
+        try:
+            target: Any = importlib.import_module(module_name)
+            for part in attribute.split("."):
+                target = getattr(target, part)
+            if isinstance(target, type):
+                target = target()
+        except Exception as exc:
+            raise ConfigError(f"logits_post_processors[{name!r}]={spec!r}: cannot load it ({exc})") from exc
+        if not callable(target):
+            raise ConfigError(f"logits_post_processors[{name!r}]={spec!r}: not callable")
+        processors[name] = target
+    return processors
 
 
 def checkpoint_config(checkpoint: Path) -> dict:

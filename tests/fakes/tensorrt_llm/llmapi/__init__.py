@@ -77,12 +77,29 @@ class SamplingParams:
     return_context_logits: bool = False
     return_generation_logits: bool = False
     embedding_bias: object = None
+    logits_processor: object = None
 
     def __post_init__(self) -> None:
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"best_of ({self.best_of}) cannot be less than n ({self.n})")
         if self.stop_token_ids is not None and not all(isinstance(t, int) for t in self.stop_token_ids):
             raise TypeError("stop_token_ids must be list[int]")
+
+
+@dataclass
+class LoRARequest:
+    """As tensorrt_llm.llmapi.LoRARequest (tensorrt_llm/executor/request.py): the path must exist."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+    lora_ckpt_source: str = "hf"
+
+    def __post_init__(self) -> None:
+        if not Path(self.lora_path).exists():
+            raise ValueError(f"lora_path ({self.lora_path}) does not exist.")
+        if self.lora_ckpt_source not in ("hf", "nemo"):
+            raise ValueError(f"lora_ckpt_source must be one of 'hf' or 'nemo', got {self.lora_ckpt_source}")
 
 
 @dataclass
@@ -249,6 +266,7 @@ class LLM:
         self._max_batch_size = int(self.args.max_batch_size)
         self._engine = FakeEngine(self.vocab_size, self._max_batch_size, self._on_update, keep_stats)
         self._submitted = False
+        self.requests: list = []  # (SamplingParams, LoRARequest | None) of each generate_async, for tests
 
     @property
     def tokenizer(self) -> FakeTokenizer | None:
@@ -266,6 +284,9 @@ class LLM:
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError("sampling_params must be a SamplingParams")
+        if lora_request is not None and not isinstance(lora_request, LoRARequest):
+            raise TypeError("lora_request must be a LoRARequest")
+        self.requests.append((params, lora_request))
         if isinstance(inputs, dict):
             prompt = inputs.get("prompt_token_ids")
         elif isinstance(inputs, list):
@@ -355,4 +376,4 @@ class LLM:
         self.shutdown()
 
 
-__all__ = ["LLM", "CompletionOutput", "KvCacheConfig", "Logprob", "RequestError", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "KvCacheConfig", "Logprob", "LoRARequest", "RequestError", "RequestOutput", "SamplingParams"]

@@ -1,0 +1,6 @@
+"""Tensor naming conventions: each module turns one convention's Triton tensors into a ParsedRequest and a request's
+response content back into its output tensors. The poller and the executors never learn which one a request used.
+
+- llmapi: NVIDIA's LLM API model (`model.yaml`, `text_input` + `sampling_param_*`).
+- NVIDIA's inflight-batcher names: still in trtllm_model/conversion.py (to move here as inflight_batcher.py).
+"""
