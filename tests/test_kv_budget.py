@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from trtllm_model.embedded import engine as engine_module
 from trtllm_model.embedded.kv_budget import DEFAULT_CPU_KV_CACHE_BYTES, KvBudget
+from trtllm_model.embedded.kv_cache import BatchKVCache
 from trtllm_model.embedded.model_loading import load_model
 from trtllm_model.embedded.runner import ModelRunner
 from trtllm_model.embedded.scheduler import Scheduler, SchedulerLimits
@@ -60,17 +62,20 @@ def test_a_long_request_holds_back_the_short_ones_behind_it_fifo():
 
 def test_the_cache_never_grows_past_the_budget_it_was_given():
     """Growth doubles, but not past max_slots: 4 rows of up to 40 tokens in a 160-slot budget."""
-    from test_kv_cache import decode, prefilled  # the KV-cache tests' helpers: labelled keys
+    from test_kv_cache import decode, expected, prefilled, real_tokens  # the KV-cache tests' labelled keys
 
-    cache = prefilled([1], [3])
-    cache.max_slots = 160
+    cache = BatchKVCache(num_layers=2, num_kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"),
+                         max_slots=160)
+    buffers = [layer.keys.untyped_storage().data_ptr() for layer in cache.layers]
+    cache.append_rows(prefilled([1], [3]))
     cache.append_rows(prefilled([2, 3, 4], [5, 7, 9]))
     labels = [1, 2, 3, 4]
     for _ in range(31):
         decode(cache, labels)
         rows, columns = cache.capacity
         assert rows * columns <= 160
-    assert cache.lengths == [34, 36, 38, 40]
+    assert real_tokens(cache) == expected(labels, [34, 36, 38, 40])  # reshaped in place, every token kept
+    assert [layer.keys.untyped_storage().data_ptr() for layer in cache.layers] == buffers  # never a second buffer
 
 
 # -- with the model ---------------------------------------------------------------------------------------------
@@ -254,3 +259,37 @@ def test_failures_in_a_row_stop_the_engine(loaded, monkeypatch):
         assert "failed in a row" in executor.health_error()
     finally:
         executor.shutdown()
+
+
+@pytest.mark.e2e
+def test_a_server_with_a_small_budget_refuses_what_never_fits_and_queues_the_rest(tmp_path):
+    """kv_cache_memory_bytes in config.pbtxt: 100 token slots of SmolLM2 (46080 bytes each in float32)."""
+    from conftest import start_server
+    from prometheus_text import scrape
+    from triton_client import StreamClient, stream_once, token_inputs
+
+    server = start_server(tmp_path, executor="transformers", parameters={"kv_cache_memory_bytes": str(100 * 46080)})
+    try:
+        refused = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 504, 3575], 98), timeout_s=60)
+        assert refused.finals == 1 and refused.responses == [] and len(refused.errors) == 1
+        assert refused.errors[0].startswith("INVALID_ARG") and "kv_cache_memory_bytes" in refused.errors[0]
+        # Five requests of 3 + 30 tokens: three fit at once (99 slots), the others wait for rows, none fails.
+        client = StreamClient(server.grpc_url)
+        try:
+            results = [
+                client.send("tensorrt_llm", token_inputs([1, 504, 3575 + i], 30, min_tokens=(30, np.int32)), f"r{i}")
+                for i in range(5)
+            ]
+            for result in results:
+                result.wait(300)
+        finally:
+            client.close()
+        assert [(r.errors, r.finals, len(r.tokens())) for r in results] == [([], 1, 30)] * 5
+        deadline = time.monotonic() + 30  # the metrics thread publishes the stats every stats_check_period_ms
+        while not scrape(server.metrics_url).find("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max"):
+            assert time.monotonic() < deadline, "no KV-cache metrics"
+            time.sleep(0.2)
+        max_blocks = scrape(server.metrics_url).find("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max")
+        assert set(max_blocks.values()) == {100}
+    finally:
+        server.stop()

@@ -7,7 +7,10 @@ any more only moves `start`. The class plugs into transformers as a `Cache`, so 
 unchanged; the engine passes a ready 4-D boolean mask and explicit position ids.
 
 Growth doubles the room it lacks (few reallocations), but never past `max_slots` rows x columns when that is set:
-the scheduler admits only what fits there (`kv_budget`), so the exact size needed always does.
+the scheduler admits only what fits there (`kv_budget`), so the exact size needed always does. Such a budgeted
+cache keeps one buffer of `max_slots` per layer for its whole life and reshapes it in place: allocating a new
+buffer beside the old one, as the unbounded cache does, held both at once and left freed ones in the heap (the
+process reached twice the budget).
 """
 
 from __future__ import annotations
@@ -60,6 +63,14 @@ class BatchKVCache(Cache):
         self.start = 0  # first column any row still needs
         self.end = 0  # one past the last written column
         self.lengths: list[int] = []  # real tokens per row
+        # Pages of `empty` memory count only once written, so the resident memory follows what is used.
+        self._storage = None
+        if max_slots is not None:
+            size = max_slots * num_kv_heads * head_dim
+            self._storage = [
+                (torch.empty(size, dtype=dtype, device=device), torch.empty(size, dtype=dtype, device=device))
+                for _ in range(num_layers)
+            ]
         self._allocate(max(rows, 1), max(columns, 16))
 
     # -- sizes -------------------------------------------------------------------------------------------------
@@ -80,18 +91,27 @@ class BatchKVCache(Cache):
     def _allocate(self, rows: int, columns: int, left_room: int = 0) -> None:
         """(Re)allocate the buffers; the used columns move to `[left_room, left_room + span)`."""
         shape = (rows, *self.shape[:1], columns, self.shape[1])
+        count = rows * columns * self.shape[0] * self.shape[1]
+        in_place = self._storage is not None and count <= self._storage[0][0].numel()
         new_start = left_room
-        for layer in self.layers:
-            # Zeros, not empty: padding columns are masked, but 0 * NaN from stale memory would still poison sums.
-            keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for index, layer in enumerate(self.layers):
+            used = None
             if layer.keys is not None and self.rows:
-                keys[: self.rows, :, new_start : new_start + self.span] = layer.keys[
-                    : self.rows, :, self.start : self.end
-                ]
-                values[: self.rows, :, new_start : new_start + self.span] = layer.values[
-                    : self.rows, :, self.start : self.end
-                ]
+                used = (layer.keys[: self.rows, :, self.start : self.end], layer.values[: self.rows, :, self.start : self.end])
+            if in_place:
+                if used is not None:  # the new shape overlaps the old one in the same buffer
+                    used = (used[0].clone(), used[1].clone())
+                key_store, value_store = self._storage[index]
+                keys, values = key_store[:count].view(shape), value_store[:count].view(shape)
+                # Zeros, not stale memory: padding columns are masked, but 0 * NaN would still poison sums.
+                keys.zero_()
+                values.zero_()
+            else:
+                keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            if used is not None:
+                keys[: self.rows, :, new_start : new_start + self.span] = used[0]
+                values[: self.rows, :, new_start : new_start + self.span] = used[1]
             layer.keys, layer.values = keys, values
         self.start, self.end = new_start, new_start + self.span
 
