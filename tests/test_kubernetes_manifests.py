@@ -23,8 +23,11 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from test_launch_trtllm import SCRIPT as LAUNCH_SCRIPT
+from test_launch_trtllm import launch, make_stand_ins
 
-from trtllm_model.server import EXIT_TIMEOUT_S
+from trtllm_model import cli
+from trtllm_model.server import ADMIN_HEADER, ADMIN_KEY_ENV, EXIT_TIMEOUT_S, ServerOptions, server_command
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBERNETES_DIR = ROOT / "deploy" / "kubernetes"
@@ -173,7 +176,7 @@ def test_gpu_variants_take_gpus_and_the_engine_from_the_volume():
     for directory, gpus in (("gpu", 1), ("gpu-multi", 2)):
         pod = the("Deployment", directory)["spec"]["template"]["spec"]
         triton = pod["containers"][0]
-        env = {e["name"]: e["value"] for e in triton["env"]}
+        env = {e["name"]: e.get("value") for e in triton["env"]}
         assert triton["resources"]["limits"]["nvidia.com/gpu"] == gpus == int(env["WORLD_SIZE"])
         assert triton["command"] == ["bash", "/opt/trtllm_triton/deploy/launch_trtllm.sh"]
         volumes = {v["name"]: v for v in pod["volumes"]}
@@ -191,7 +194,7 @@ def test_the_leaderworkerset_runs_the_launcher_on_the_leader_and_configures_the_
     spec = lws["spec"]["leaderWorkerTemplate"]
     assert spec["size"] >= 2 and spec["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader, worker = (t["spec"]["containers"][0] for t in (spec["leaderTemplate"], spec["workerTemplate"]))
-    env = {e["name"]: e["value"] for e in leader["env"]}
+    env = {e["name"]: e.get("value") for e in leader["env"]}
     assert int(env["WORLD_SIZE"]) == spec["size"] * int(env["GPUS_PER_NODE"]) == spec["size"] * leader["resources"]["limits"]["nvidia.com/gpu"]
     assert "MPI_HOSTS" in leader["args"][0] and "launch_trtllm.sh" in leader["args"][0]
     assert "CONFIGURE_ONLY=1" in worker["args"][0] and "sshd" in worker["args"][0]
@@ -226,6 +229,77 @@ def test_grace_period_covers_the_drain_and_the_exit_timeout(directory):
     exit_timeout = exit_timeout_s(container)
     grace = template["spec"]["terminationGracePeriodSeconds"]
     assert grace >= prestop_timeout_s(container) + exit_timeout + 30, (grace, prestop_timeout_s(container), exit_timeout)
+
+
+# -- the model-repository API: only with the admin key (docs/security.md) -----------------------------------------------
+SECRET_KEY = "from-the-secret-0123456789"  # what the test puts where the Secret's value would be
+ADMIN_SECRET = {"name": "trtllm-triton-admin", "key": "admin-key"}
+
+
+def triton_containers(directory: str) -> list[dict]:
+    """The containers of the directory's workloads that run tritonserver: those with an http or grpc port."""
+    workloads = of_kind("Deployment", directory) + of_kind("LeaderWorkerSet", directory)
+    return [container for workload in workloads for template in pod_templates(workload)
+            for container in template["spec"]["containers"]
+            if {p["name"] for p in container.get("ports", [])} & {"http", "grpc"}]
+
+
+def admin_key_ref(container: dict) -> dict:
+    (ref,) = [e["valueFrom"]["secretKeyRef"] for e in container.get("env", []) if e["name"] == ADMIN_KEY_ENV]
+    return ref
+
+
+def tritonserver_command_line(container: dict, tmp_path: Path, monkeypatch) -> list[str]:
+    """The tritonserver command line the container would run (rank 0's under mpirun), with the Secret's key."""
+    env = {e["name"]: e.get("value", SECRET_KEY) for e in container.get("env", [])}
+    command = container["command"] + container.get("args", [])
+    if command[:2] == ["trtllm-triton", "serve"]:
+        started: list[ServerOptions] = []
+        monkeypatch.setattr(cli, "serve", lambda options, *_: started.append(options) or 0)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert cli.main(command[1:]) == 0
+        return server_command(started[0])
+    # bash running deploy/launch_trtllm.sh, itself or at the end of a script (the LeaderWorkerSet's leader).
+    command = [arg.replace("/opt/trtllm_triton/deploy/launch_trtllm.sh", str(LAUNCH_SCRIPT)) for arg in command]
+    env.update(LWS_LEADER_ADDRESS="group-0.trtllm", LWS_GROUP_SIZE="2")  # set by the LeaderWorkerSet controller
+    done = launch(tmp_path, make_stand_ins(tmp_path), command, **env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1].split(" : ")[0].split()
+
+
+@pytest.mark.parametrize("directory", ["cpu", "gpu", "gpu-multi", "multinode"])
+def test_tritonserver_runs_with_the_model_repository_api_restricted_to_the_secrets_key(directory, tmp_path, monkeypatch):
+    """Without the restriction anyone reaching port 8000 or 8001 could upload a model (Python code) and run it."""
+    (container,) = triton_containers(directory)
+    assert {k: admin_key_ref(container)[k] for k in ("name", "key")} == ADMIN_SECRET
+    assert "--" not in container.get("args", [])  # no tritonserver flags of its own that could undo it
+    line = tritonserver_command_line(container, tmp_path, monkeypatch)
+    assert f"--http-restricted-api=model-repository:{ADMIN_HEADER}={SECRET_KEY}" in line, line
+    assert f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={SECRET_KEY}" in line, line
+
+
+def test_an_openai_container_beside_tritonserver_reads_the_same_key_which_must_exist():
+    """It lists the models through the restricted repository index: a key made by launch_trtllm.sh would lock it out."""
+    checked = 0
+    for directory in ("gpu", "gpu-multi"):
+        template = the("Deployment", directory)["spec"]["template"]
+        (openai,) = [c for c in template["spec"]["containers"] if c["command"][:2] == ["trtllm-triton", "openai"]]
+        (triton,) = triton_containers(directory)
+        assert admin_key_ref(openai) == admin_key_ref(triton) and not admin_key_ref(openai).get("optional", False)
+        checked += 1
+    assert checked == 2
+
+
+def test_the_images_start_tritonserver_only_through_serve_or_the_launcher():
+    stages = {}
+    for stage in re.split(r"^FROM ", (ROOT / "deploy" / "Dockerfile").read_text(), flags=re.M)[1:]:
+        name = re.match(r"\S+ AS (\S+)", stage).group(1)
+        entrypoint = re.search(r"^ENTRYPOINT (.*)$", stage, flags=re.M)
+        stages[name] = json.loads(entrypoint.group(1)) if entrypoint else None
+        assert "tritonserver " not in re.sub(r"#.*", "", stage), name
+    assert stages == {"gpu": ["bash", "/opt/trtllm_triton/deploy/launch_trtllm.sh"], "cpu": ["trtllm-triton", "serve"],
+                      "gpu-multinode": None}  # gpu-multinode: FROM gpu, its entrypoint
 
 
 # -- the autoscaling pipeline: recording rule -> adapter -> HPA -------------------------------------------------------

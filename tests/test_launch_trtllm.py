@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "deploy" / "launch_trtllm.sh"
 
 
-@pytest.fixture
-def stand_ins(tmp_path):
-    bin_dir = tmp_path / "bin"
+def make_stand_ins(directory: Path) -> Path:
+    """A bin directory whose tritonserver and mpirun print their arguments."""
+    bin_dir = directory / "bin"
     bin_dir.mkdir()
     for name in ("tritonserver", "mpirun"):
         stub = bin_dir / name
@@ -30,12 +30,19 @@ def stand_ins(tmp_path):
     return bin_dir
 
 
-def launch(tmp_path: Path, bin_dir: Path, **env: str) -> subprocess.CompletedProcess:
+@pytest.fixture
+def stand_ins(tmp_path):
+    return make_stand_ins(tmp_path)
+
+
+def launch(tmp_path: Path, bin_dir: Path, command: list[str] | None = None, **env: str) -> subprocess.CompletedProcess:
+    """SCRIPT (or `command`) with the stand-ins first on PATH and its paths moved under tmp_path."""
     environment = {
         **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, "PTH_DIR": str(tmp_path),
         "TRTLLM_TRITON_ROOT": str(ROOT), "MODEL_REPOSITORY": str(tmp_path / "repo"), **env,
     }
-    return subprocess.run(["bash", str(SCRIPT)], env=environment, capture_output=True, text=True, timeout=60)
+    return subprocess.run(command or ["bash", str(SCRIPT)], env=environment, capture_output=True, text=True,
+                          timeout=60)
 
 
 def test_single_engine_server_gets_a_configured_repository(tmp_path, stand_ins):
