@@ -9,7 +9,7 @@ import time
 import pytest
 
 from trtllm_model.server import free_ports
-from trtllm_model.watches import StreamWatch, model_unloading
+from trtllm_model.watches import StreamWatch, UnloadProbe
 
 
 @pytest.fixture
@@ -34,9 +34,10 @@ def ready_server():
 
 def test_only_the_servers_own_not_ready_answer_is_an_unload(ready_server):
     url, answers = ready_server
-    assert not model_unloading(url, "tensorrt_llm")
+    probe = UnloadProbe(url, "tensorrt_llm")
+    assert not probe()
     answers["tensorrt_llm"] = 400  # what tritonserver answers for a model being unloaded
-    assert model_unloading(url, "tensorrt_llm")
+    assert probe()
 
 
 def test_a_proxy_in_the_environment_is_not_asked(ready_server, monkeypatch):
@@ -47,12 +48,23 @@ def test_a_proxy_in_the_environment_is_not_asked(ready_server, monkeypatch):
         monkeypatch.setenv(name, f"http://127.0.0.1:{dead}")
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
-    assert not model_unloading(url, "tensorrt_llm")
+    assert not UnloadProbe(url, "tensorrt_llm")()
 
 
-def test_errors_are_not_unloads():
+def test_an_address_that_never_answered_is_no_confirmation():
     (dead,) = free_ports(1)
-    assert not model_unloading(f"http://127.0.0.1:{dead}", "tensorrt_llm")  # refused
+    probe = UnloadProbe(f"http://127.0.0.1:{dead}", "tensorrt_llm")
+    assert not probe() and not probe()  # refused, and never answered: a wrong address, not a stop
+
+
+def test_the_servers_address_closing_after_it_answered_is_a_stop(ready_server):
+    # tritonserver closes its HTTP endpoint as soon as it starts to stop (seen: refused within 0.2 s of SIGTERM).
+    url, _ = ready_server
+    probe = UnloadProbe(url, "tensorrt_llm")
+    assert not probe()
+    (dead,) = free_ports(1)
+    probe.port = dead  # as if the listener closed
+    assert probe()
 
 
 def make_watch(items, lock, **kwargs):

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from .triton_io import FORWARDED_ID_PREFIX, model_unloading
+from .triton_io import FORWARDED_ID_PREFIX, unload_check
 from .watches import StreamWatch
 
 log = logging.getLogger("trtllm_model.ensemble")
@@ -71,13 +71,14 @@ class TritonPythonModel:
         self._lock = threading.Lock()  # guards `_open` only; no IPC call is made while holding it
         self._open: dict[str, _Forward] = {}  # forwarded id -> client request, for the watch
         self._unloading_since: float | None = None
+        self._target_unloading = unload_check(TARGET_MODEL)
         self._watch = StreamWatch(
             "ensemble-cancel",
             CANCEL_CHECK_S,
             open_items=self._open_snapshot,
             is_cancelled=_client_cancelled,
             on_cancelled=_forward_cancellation,
-            unloading=lambda: model_unloading(self._name),
+            unloading=unload_check(self._name),
             on_unload=self._unloading_seen,
         )
         self._watch.start()
@@ -132,7 +133,7 @@ class TritonPythonModel:
                 elif tensors:
                     forward.send(pb_utils.InferenceResponse(output_tensors=tensors))
         except Exception as exc:
-            error = _forwarding_error(exc)
+            error = self._forwarding_error(exc)
         if final_sent:
             return
         if error is None:
@@ -143,6 +144,17 @@ class TritonPythonModel:
                      pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} ended the request early",
                                           pb_utils.TritonError.UNAVAILABLE))
         self._finish(forwarded_id, pb_utils.InferenceResponse(error=error))
+
+    def _forwarding_error(self, exc: Exception):
+        try:
+            unloaded = self._target_unloading()
+        except Exception:
+            unloaded = False
+        if unloaded:
+            # The executor failed and tensorrt_llm unloaded itself: the same answer its own clients get.
+            return pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} is not ready", pb_utils.TritonError.UNAVAILABLE)
+        log.exception("forwarding to %s failed", TARGET_MODEL)
+        return pb_utils.TritonError(f"INTERNAL: ensemble forwarding failed: {exc}", pb_utils.TritonError.INTERNAL)
 
     def _finish(self, forwarded_id: str, response) -> None:
         # Leave the watcher's view before the final response: asking Triton whether a finished request was
@@ -181,7 +193,7 @@ class TritonPythonModel:
 
     def is_ready(self) -> bool:
         """Readiness for servers that ask (26.03+): ready while the model it forwards to is served."""
-        return not self._watch.unload_seen and not model_unloading(TARGET_MODEL)
+        return not self._watch.unload_seen and not self._target_unloading()
 
     def finalize(self) -> None:
         self._watch.stop()
@@ -237,17 +249,3 @@ def _forward_cancellation(forward: _Forward) -> None:
     # On its own thread: a BLS call the watch waited on could hold every other stream's watch.
     threading.Thread(target=_send_stop, args=(forward.forwarded_id,), daemon=True).start()
 
-
-def _ready(model: str) -> bool:
-    try:
-        return not model_unloading(model)
-    except Exception:
-        return False
-
-
-def _forwarding_error(exc: Exception):
-    if not _ready(TARGET_MODEL):
-        # The executor failed and tensorrt_llm unloaded itself: the same answer its own clients get.
-        return pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} is not ready", pb_utils.TritonError.UNAVAILABLE)
-    log.exception("forwarding to %s failed", TARGET_MODEL)
-    return pb_utils.TritonError(f"INTERNAL: ensemble forwarding failed: {exc}", pb_utils.TritonError.INTERNAL)

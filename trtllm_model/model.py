@@ -30,7 +30,7 @@ from .params import Params, parameters_from_model_config
 from .poller import Poller
 from .request_context import BatchStream, ErrorCode, RequestContext
 from .server import EXECUTOR_OVERRIDE_ENV
-from .triton_io import TritonMetricBackend, TritonStream, model_unloading, request_parameters_json, request_tensors
+from .triton_io import TritonMetricBackend, TritonStream, request_parameters_json, request_tensors, unload_check
 
 log = logging.getLogger("trtllm_model")
 
@@ -100,7 +100,7 @@ class TritonPythonModel:
             max_open_requests=_max_open_requests(model_config, params),
             on_failure=self._report_not_ready,
             on_finished=self.metrics.record_finished,
-            unloading=lambda: model_unloading(self.model_name),
+            unloading=unload_check(self.model_name),
         )
         self.metrics.start()
         self.poller.start()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -33,21 +34,25 @@ def request_parameters_json(request) -> str:
     return request.parameters()
 
 
-def model_unloading(name: str) -> bool:
-    """True once Triton confirms that model `name` is being unloaded or the server is stopping; an error is no
-    confirmation (see watches.model_unloading).
+def unload_check(name: str) -> Callable[[], bool]:
+    """A check that returns True once Triton confirms that model `name` is being unloaded or the server is stopping;
+    an error is no confirmation (see watches.UnloadProbe).
 
     Asked over the server's HTTP endpoint where `trtllm-triton serve` (or launch_trtllm.sh) gave its address:
     pb_utils.is_model_ready, asked while tritonserver stops by itself, now and then segfaults the stub (gdb: inside
     IsModelReady's shared memory message; docs/reliability.md, "Stopping"). It is the fallback without an address."""
     base = os.environ.get(READY_URL_ENV)
     if base:
-        return watches.model_unloading(base, name)
-    try:
-        return not pb_utils.is_model_ready(name)
-    except pb_utils.TritonModelException as exc:
-        # A stopping server answers "Server not ready" instead of the model's state; anything else is unknown.
-        return "not ready" in str(exc)
+        return watches.UnloadProbe(base, name)
+
+    def ask_the_stub() -> bool:
+        try:
+            return not pb_utils.is_model_ready(name)
+        except pb_utils.TritonModelException as exc:
+            # A stopping server answers "Server not ready" instead of the model's state; anything else is unknown.
+            return "not ready" in str(exc)
+
+    return ask_the_stub
 
 
 class TritonStream:

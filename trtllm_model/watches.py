@@ -21,23 +21,38 @@ READY_TIMEOUT_S = 1.0
 Item = TypeVar("Item")
 
 
-def model_unloading(base_url: str, model: str, timeout_s: float = READY_TIMEOUT_S) -> bool:
-    """True only when the server itself answers that `model` is not ready (being unloaded, or the server stops).
+class UnloadProbe:
+    """Whether the server confirms that `model` is being unloaded or that it is stopping, asked over its HTTP address.
 
-    Plain http.client to the address `trtllm-triton serve` gave: no proxy from the environment can answer for the
-    server, and an error (refused, reset, timeout) is not an unload: a model that stopped serving on a network
-    hiccup would fail every stream while Triton kept sending it traffic."""
-    url = urllib.parse.urlsplit(base_url)
-    connection = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=timeout_s)
-    try:
-        connection.request("GET", f"{url.path.rstrip('/')}/v2/models/{urllib.parse.quote(model)}/ready")
-        status = connection.getresponse().status
-    except (OSError, http.client.HTTPException) as exc:
-        log.debug("readiness of %s unknown: %s", model, exc)
-        return False
-    finally:
-        connection.close()
-    return status != 200
+    Confirmed means: the server answers the model's readiness with a non-200 status (a model being unloaded), or the
+    address that answered before now refuses connections (tritonserver closes its endpoints first when it stops).
+    Plain http.client to the address `trtllm-triton serve` gave, so no proxy from the environment answers for the
+    server. Anything else (a timeout, a reset, an address that never answered) is not an unload: a model that
+    stopped serving on a network hiccup would fail every stream while Triton kept sending it traffic."""
+
+    def __init__(self, base_url: str, model: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+        url = urllib.parse.urlsplit(base_url)
+        self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
+        self.path = f"{url.path.rstrip('/')}/v2/models/{urllib.parse.quote(model)}/ready"
+        self.timeout_s = timeout_s
+        self.answered = False  # the server answered at this address at least once
+
+    def __call__(self) -> bool:
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        try:
+            connection.request("GET", self.path)
+            status = connection.getresponse().status
+        except ConnectionRefusedError:
+            if not self.answered:
+                log.warning("readiness address %s:%d refuses connections; not counted as an unload", self.host, self.port)
+            return self.answered
+        except (OSError, http.client.HTTPException) as exc:
+            log.debug("readiness unknown: %s", exc)
+            return False
+        finally:
+            connection.close()
+        self.answered = True
+        return status != 200
 
 
 class StreamWatch(Generic[Item]):
