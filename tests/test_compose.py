@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def compose_config() -> str:
+def compose_config(*options: str, env: dict[str, str] | None = None) -> str:
     completed = subprocess.run(
-        ["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config"], capture_output=True, text=True, check=False
+        ["docker-compose", "-f", str(ROOT / "docker-compose.yml"), *options, "config"], capture_output=True, text=True,
+        check=False, env={**os.environ, **(env or {})},
     )
     assert completed.returncode == 0, completed.stderr
     return completed.stdout
@@ -23,3 +27,14 @@ def test_compose_file_validates_and_uses_nvidias_trtllm_image():
     assert "/v2/health/ready" in config
     for port in ("8000", "8001", "8002"):
         assert f"published: {port}" in config or f"{port}:{port}" in config
+
+
+def test_every_service_starts_tritonserver_through_the_launcher_with_the_operators_key():
+    """launch_trtllm.sh restricts the model-repository API (tests/test_launch_trtllm.py) to TRTLLM_TRITON_ADMIN_KEY,
+    which the operator's environment passes through (empty: the launcher makes one)."""
+    config = yaml.safe_load(compose_config("--profile", "llmapi", env={"TRTLLM_TRITON_ADMIN_KEY": "operator-key-0123456789"}))
+    assert set(config["services"]) == {"triton-engine", "triton-llmapi"}
+    for name, service in config["services"].items():
+        assert service["entrypoint"] == ["bash", "/opt/trtllm_triton/deploy/launch_trtllm.sh"], name
+        assert "command" not in service, name  # no tritonserver flags of its own
+        assert service["environment"]["TRTLLM_TRITON_ADMIN_KEY"] == "operator-key-0123456789", name
