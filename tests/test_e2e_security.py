@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -154,3 +157,9 @@ def test_serve_stops_through_the_restricted_api(tmp_path):
     # Verbose lines: the model's instance stops (its unload began) before the signal reaches tritonserver.
     unloading, signalled = log.find("Stopping backend thread for tensorrt_llm"), log.find("Signal (15) received")
     assert 0 <= unloading < signalled, log[-3000:]
+
+
+def test_an_unusable_operator_key_stops_serve_with_a_message():
+    done = subprocess.run([sys.executable, "-m", "trtllm_model.cli", "serve", "--no-openai"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, ADMIN_KEY_ENV: "short:key"})
+    assert done.returncode == 2 and f"{ADMIN_KEY_ENV} must be at least 16 characters" in done.stderr
