@@ -199,7 +199,10 @@ def parse_request(
     stop_strings = [_utf8("sampling_param_stop", item) for item in tensors.get("sampling_param_stop", np.empty(0))
                     .reshape(-1)]
     stop_strings = [s for s in stop_strings if s]
-    stop_words = [ids for ids in (tokenizer.encode(s, add_special_tokens=False) for s in stop_strings) if ids]
+    # The engines stop on token sequences: a stop string matches as it tokenizes alone and after a space (the way a
+    # word inside a text tokenizes), which is where it usually follows.
+    stop_words = [ids for s in stop_strings for ids in (tokenizer.encode(s, add_special_tokens=False),
+                                                        _after_space(tokenizer, s)) if ids]
     top_k = _int(tensors, "sampling_param_top_k", None, minimum=0) or None  # 0: no cut
     top_p = _float(tensors, "sampling_param_top_p", minimum=0.0, maximum=1.0)
     responder = LlmApiResponder(
@@ -235,6 +238,12 @@ def parse_request(
         prompt_ids=input_ids,
         outputs=responder.outputs,
     )
+
+
+def _after_space(tokenizer: Tokenizer, text: str) -> list[int]:
+    """The tokens of `text` after a space, without the space's own tokens (when the space tokenizes apart)."""
+    spaced, space = tokenizer.encode(" " + text, add_special_tokens=False), tokenizer.encode(" ", add_special_tokens=False)
+    return spaced[len(space):] if space and spaced[: len(space)] == space else spaced
 
 
 def _check_image_url(tensors: dict[str, np.ndarray], options: LlmApiOptions) -> None:
