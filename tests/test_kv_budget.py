@@ -116,7 +116,7 @@ def tokens_of(steps: list[Step]) -> list[int]:
 def test_the_default_budget_and_the_parameter(loaded):
     executor = new_executor(loaded)
     try:
-        assert executor.kv_budget.memory_bytes == DEFAULT_CPU_KV_CACHE_BYTES == 3 << 29
+        assert executor.kv_budget.memory_bytes == DEFAULT_CPU_KV_CACHE_BYTES == 1 << 30
         assert executor.kv_budget.bytes_per_slot == 2 * 30 * 3 * 64 * 4  # K and V, SmolLM2's layers x heads x dim
     finally:
         executor.shutdown()

@@ -13,7 +13,7 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   max_num_tokens   tokens through the model per step: decoding sequences + prefilled prompt tokens (default 2048)
   kv_cache_memory_bytes  the most memory the batch's KV cache may take; a request joins the batch only while the
                    cache, grown to carry every running request to prompt + max_tokens, stays within it (else it
-                   waits), one that needs more alone is refused. Default on CPU 1.5 GiB (sized for the CPU
+                   waits), one that needs more alone is refused. Default on CPU 1 GiB (sized for the CPU
                    Deployment's 4 GiB limit, see docs/performance.md); on CUDA kv_cache_free_gpu_mem_fraction
                    (NVIDIA's name, default 0.9) of the memory free once the weights are loaded
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
