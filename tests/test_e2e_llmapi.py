@@ -97,6 +97,16 @@ def test_repository_declares_nvidias_inputs_and_outputs():
     assert "\nmax_batch_size" not in text and "\nmodel_transaction_policy" not in text  # model.yaml sets them
 
 
+def test_docs_tables_match_the_convention():
+    """docs/nvidia_compatibility.md's llmapi tables list exactly the convention's inputs and outputs, dtypes, dims."""
+    text = (PROJECT_ROOT / "docs" / "nvidia_compatibility.md").read_text()
+    for marker, spec in (("<!-- llmapi input table", INPUTS), ("<!-- llmapi output table", OUTPUTS)):
+        lines = text[text.index(marker):].splitlines()[3:]
+        rows = [line.split(" | ") for line in lines[: next(i for i, line in enumerate(lines) if not line.startswith("|"))]]
+        documented = {row[0].lstrip("| "): (f"TYPE_{row[1]}", row[2]) for row in rows}
+        assert documented == {name: (dtype, str(dims)) for name, (dtype, dims) in spec.items()}, marker
+
+
 def test_llmapi_client_unary_includes_the_prompt(unary_server):
     results: queue.Queue = queue.Queue()
     with grpcclient.InferenceServerClient(unary_server.grpc_url) as client:
