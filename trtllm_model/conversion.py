@@ -107,7 +107,7 @@ UNSUPPORTED_INPUTS = frozenset(
     }
 )
 
-GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 
 # Request parameters NVIDIA's clients send that mean nothing to the model (NVIDIA's model reads no parameters):
 # inflight_batcher_llm_client.py sends `Streaming` with unary requests.

@@ -11,10 +11,12 @@ gets the same random draws whatever else shares the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from ..executor_interface import GenerationRequest
+from .guided import mask_guided_logits
 
 # Top-p alone first looks among this many best tokens (exact: it sorts everything when they hold too little).
 TOP_P_CANDIDATES = 256
@@ -86,6 +88,7 @@ class SamplingState:
     output_counts: dict[int, int]  # output token -> occurrences
     num_output: int
     end_id: int | None
+    guide: Any = None  # the sequence's xgrammar GrammarMatcher (guided.py), if it is guided
 
 
 def banned_next_tokens(state: SamplingState) -> list[int]:
@@ -144,8 +147,14 @@ def _sample_row(row: torch.Tensor, params: SamplingParams, generator: torch.Gene
 
 def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tuple[list[int], list[float | None]]:
     """One token per row of `[rows, vocab]` float32 logits, plus its log prob where the request asked for it."""
+    guides = [state.guide for state in states]
+    guided = any(guide is not None for guide in guides)
+    if guided:
+        logits = logits.clone()  # the caller's logits stay raw (NVIDIA's generation logits)
+        mask_guided_logits(logits, guides)
     if any(state.params.changes_logits for state in states):
-        logits = logits.clone()
+        if not guided:
+            logits = logits.clone()
         banned_rows: list[int] = []
         banned_ids: list[int] = []
         for row, state in enumerate(states):

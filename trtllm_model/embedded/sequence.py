@@ -5,10 +5,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from ..executor_interface import FinishReason, GenerationRequest, Step
+from .guided import advance
 from .sampling import SamplingParams, SamplingState
 
 
@@ -37,6 +39,7 @@ class Sequence:
     want_context_logits: bool = False
     want_generation_logits: bool = False
     want_perf_metrics: bool = False
+    guide: Any = None  # xgrammar GrammarMatcher of a guided request (set by the executor at enqueue)
 
     @classmethod
     def from_request(
@@ -89,6 +92,7 @@ class Sequence:
             output_counts=self.output_counts,
             num_output=self.num_output,
             end_id=self.end_id,
+            guide=self.guide,
         )
 
     def finish(self, reason: FinishReason) -> None:
@@ -112,7 +116,9 @@ class Sequence:
         self.output_counts[token] = self.output_counts.get(token, 0) + 1
         if log_prob is not None:
             self.cum_log_prob += log_prob
-        if self.num_output >= self.sampling.min_tokens and self.ends_with_stop_word():
+        if self.guide is not None and advance(self.guide, token):
+            self.finish(FinishReason.END_ID)  # the grammar accepts nothing more
+        elif self.num_output >= self.sampling.min_tokens and self.ends_with_stop_word():
             self.finish(FinishReason.STOP_WORDS)
         elif self.num_output >= self.max_tokens or len(self.token_ids) >= max_positions:
             self.finish(FinishReason.LENGTH)

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 
 import torch
 
 from ..embedded.engine import Engine, EngineConfig, EngineDead
+from ..embedded.guided import GuideCompiler, GuideError
 from ..embedded.kv_budget import DEFAULT_FREE_GPU_MEM_FRACTION, KvBudget, default_kv_cache_bytes
 from ..embedded.model_loading import load_model
 from ..embedded.runner import ModelRunner
@@ -58,7 +60,7 @@ DEFAULT_MAX_NUM_TOKENS = 2048
 
 
 class TransformersExecutor(Executor):
-    optional_inputs = frozenset({"return_context_logits", "return_generation_logits"})
+    optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "guided_decoding"})
 
     def __init__(
         self,
@@ -88,6 +90,8 @@ class TransformersExecutor(Executor):
         self.engine = Engine(
             self.runner, EngineConfig(max_batch_size, max_num_tokens, self.kv_budget, stats_max_iterations)
         )
+        self._guides: GuideCompiler | None = None  # made on the first guided request (loads xgrammar)
+        self._guides_lock = threading.Lock()
 
     # -- Executor --------------------------------------------------------------------------------------------------
     def enqueue(self, request: GenerationRequest) -> int:
@@ -98,6 +102,8 @@ class TransformersExecutor(Executor):
             raise RequestRejected(f"the queue is full (max_queue_size={self.max_queue_size})")
         request_id = next(self._ids)
         sequence = Sequence.from_request(request_id, request, self.runner.vocab_size, self.default_end_id)
+        if request.guided_decoding_type is not None:
+            sequence.guide = self._guide_matcher(request, sequence.end_id)
         try:
             self.engine.submit(sequence)
         except EngineDead as exc:
@@ -124,6 +130,23 @@ class TransformersExecutor(Executor):
 
     def tokenizer(self) -> Tokenizer | None:
         return self._tokenizer
+
+    def _guide_matcher(self, request: GenerationRequest, end_id: int | None) -> object:
+        """The request's grammar matcher; its guide is compiled here, in the caller's thread, so a guide that does
+        not compile is refused at enqueue with the compiler's message."""
+        with self._guides_lock:
+            if self._guides is None:
+                if self._tokenizer is None:
+                    raise RequestRejected("guided_decoding_guide_type: needs the model's tokenizer", unsupported=True)
+                stop = [self.default_end_id] if self.default_end_id is not None else None
+                self._guides = GuideCompiler(self._tokenizer, self.vocab_size, stop)
+        try:
+            compiled = self._guides.compile(request.guided_decoding_type, request.guided_decoding_guide)
+        except GuideError as exc:
+            raise RequestRejected(
+                f"guided_decoding_guide: the {request.guided_decoding_type} guide does not compile: {exc}"
+            ) from None
+        return self._guides.matcher(compiled, end_id)
 
     # -- request checks --------------------------------------------------------------------------------------------
     def _check(self, request: GenerationRequest) -> None:

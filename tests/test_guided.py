@@ -1,0 +1,156 @@
+"""Guided decoding on the embedded engine (trtllm_model/embedded/guided.py): every guide type's output parses or
+matches, through the transformers executor over the embedded SmolLM2; a guide that does not compile is refused at
+enqueue with the compiler's message; compiled grammars are cached."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import jsonschema
+import pytest
+import torch
+
+from trtllm_model.embedded.guided import GuideCompiler, GuideError, mask_guided_logits
+from trtllm_model.embedded.model_loading import load_model
+from trtllm_model.executor_interface import FinishReason, GenerationRequest, RequestRejected
+from trtllm_model.executors.transformers_executor import TransformersExecutor
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "pets": {"type": "array", "items": {"enum": ["cat", "dog"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "pets"],
+    "additionalProperties": False,
+}
+EMAIL = r"[a-z]{1,10}@[a-z]{1,10}\.(com|org)"
+YES_NO = 'root ::= ("yes" | "no") " because " [a-z ]{1,20} "."'
+TOOL_TAG = {
+    "structures": [
+        {"begin": "<tool_call>", "schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                                            "required": ["city"], "additionalProperties": False},
+         "end": "</tool_call>"}
+    ],
+    "triggers": ["<tool_call>"],
+}
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    torch.set_num_threads(2)
+    return load_model()
+
+
+@pytest.fixture(scope="module")
+def executor(loaded):
+    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=16, max_num_tokens=1024)
+    yield executor
+    executor.shutdown()
+
+
+def chat(tokenizer, question: str) -> list[int]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer.encode(text)
+
+
+def run(executor, requests: list[GenerationRequest], timeout_s: float = 120.0) -> list[tuple[list[int], FinishReason]]:
+    """Enqueue all at once (they share batches), collect each one's tokens and finish reason."""
+    ids = [executor.enqueue(request) for request in requests]
+    tokens: dict[int, list[int]] = {i: [] for i in ids}
+    reasons: dict[int, FinishReason] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(reasons) < len(ids) and time.monotonic() < deadline:
+        for step in executor.await_steps(1.0):
+            assert step.error is None, step.error
+            tokens[step.request_id] += step.token_ids
+            if step.is_final:
+                reasons[step.request_id] = step.finish_reason
+    return [(tokens[i], reasons.get(i)) for i in ids]
+
+
+def guided(prompt: list[int], guide_type: str, guide: str | None, max_tokens: int = 96, **sampling) -> GenerationRequest:
+    return GenerationRequest(prompt, max_tokens, guided_decoding_type=guide_type, guided_decoding_guide=guide,
+                             **sampling)
+
+
+def test_every_guide_type_output_parses_or_matches_in_one_batch(executor, loaded):
+    """Guided rows share batches with each other and with a free one; each ends by its grammar (END_ID)."""
+    tokenizer = loaded.tokenizer
+    prompt = chat(tokenizer, "Tell me about a person called Ann, her age and pets.")
+    requests = [
+        guided(prompt, "json", None),
+        guided(prompt, "json_schema", json.dumps(PERSON)),
+        guided(prompt, "json_schema", json.dumps(PERSON), temperature=1.0, top_p=0.9, seed=3),
+        guided(prompt, "regex", EMAIL),
+        guided(prompt, "ebnf_grammar", YES_NO),
+        guided(chat(tokenizer, "What is the weather in Paris? Call the tool."), "structural_tag",
+               json.dumps(TOOL_TAG)),
+        GenerationRequest(prompt, 8),  # unguided, same batches
+    ]
+    results = run(executor, requests)
+    texts = [tokenizer.decode(tokens) for tokens, _ in results]
+    for (_, reason), request in zip(results[:5], requests):
+        assert reason is FinishReason.END_ID, (request.guided_decoding_type, texts)
+    assert isinstance(json.loads(texts[0]), (dict, list))
+    for text in texts[1:3]:
+        jsonschema.validate(json.loads(text), PERSON)
+    assert re.fullmatch(EMAIL, texts[3]), texts[3]
+    assert re.fullmatch(r"(yes|no) because [a-z ]{1,20}\.", texts[4]), texts[4]
+    # A structural tag leaves the text free until a trigger; whatever follows a trigger is a valid call.
+    for call in re.findall(r"<tool_call>(.*?)</tool_call>", texts[5], re.S):
+        jsonschema.validate(json.loads(call), TOOL_TAG["structures"][0]["schema"])
+    assert results[6][0] and results[6][1] in (FinishReason.LENGTH, FinishReason.END_ID)
+
+
+def test_the_guide_holds_where_the_model_would_write_otherwise(executor, loaded):
+    """Unguided, this prompt's greedy answer is prose; guided by a regex, it is the regex's language."""
+    prompt = chat(loaded.tokenizer, "Write a long poem about the sea.")
+    [(free, _), (digits, reason)] = run(executor, [GenerationRequest(prompt, 12),
+                                                   guided(prompt, "regex", r"[0-9]{3}-[0-9]{4}")])
+    assert not re.fullmatch(r"[0-9]{3}-[0-9]{4}", loaded.tokenizer.decode(free))
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", loaded.tokenizer.decode(digits)) and reason is FinishReason.END_ID
+
+
+@pytest.mark.parametrize(
+    ("guide_type", "guide", "message"),
+    [
+        ("json_schema", '{"type": "bogus"}', 'Unsupported type "bogus"'),
+        ("regex", "((", "parenthesis is not closed"),
+        ("ebnf_grammar", "root ::= undefined_rule", 'Rule "undefined_rule" is not defined'),
+        ("structural_tag", '{"structures": [{"begin": "<a>"}], "triggers": ["<a>"]}', "schema"),
+    ],
+)
+def test_a_guide_that_does_not_compile_is_refused_at_enqueue_with_the_compilers_message(
+    executor, loaded, guide_type, guide, message
+):
+    with pytest.raises(RequestRejected) as refused:
+        executor.enqueue(guided([1, 2, 3], guide_type, guide))
+    assert not refused.value.unsupported  # INVALID_ARG, not UNSUPPORTED
+    text = str(refused.value)
+    assert text.startswith("guided_decoding_guide: ") and message in text and guide_type in text
+    assert executor.health_error() is None  # the engine never saw it
+
+
+def test_compiled_grammars_are_cached_by_type_and_guide(loaded):
+    compiler = GuideCompiler(loaded.tokenizer, 49152, [loaded.tokenizer.eos_token_id])
+    schema = json.dumps(PERSON)
+    first = compiler.compile("json_schema", schema)
+    assert compiler.compile("json_schema", schema) is first
+    assert compiler.compile("regex", schema.replace("{", "x")) is not first
+    with pytest.raises(GuideError):
+        compiler.compile("regex", "((")
+
+
+def test_one_bitmask_masks_only_the_guided_rows(loaded):
+    compiler = GuideCompiler(loaded.tokenizer, 49152, [loaded.tokenizer.eos_token_id])
+    digit = compiler.matcher(compiler.compile("regex", "[0-9]"), None)
+    logits = torch.zeros(3, 49152)
+    mask_guided_logits(logits, [None, digit, None])
+    allowed = torch.isfinite(logits[1]).nonzero().flatten().tolist()
+    assert {loaded.tokenizer.decode([token]) for token in allowed} == set("0123456789")
+    assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[2]).all()
