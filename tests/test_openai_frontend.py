@@ -69,11 +69,18 @@ def test_triton_errors_map_to_openai_statuses():
     (b'{"model": "m", "messages": []}', "messages"),
     (b'{"model": "m", "messages": [{"role": "robot", "content": "x"}]}', "messages.0.role"),
     (b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
-    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 0}', "top_p"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": -0.1}', "top_p"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}', "stop"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}', "tool_choice"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}',
+     "response_format"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}',
+     "response_format.type"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "min_tokens": -1}', "min_tokens"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [""]}', "stop"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}',
      "stream_options"),
-    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', "tools"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', "tools.0.function"),
 ])
 def test_invalid_chat_bodies_are_400_naming_the_field(body, param):
     with pytest.raises(ApiError) as refused:
@@ -385,3 +392,130 @@ def test_the_largest_accepted_values_fit_the_models_tensors():
     info = ModelInfo("m", TOKENIZER, None, None)
     sampling = app_module._sampling(request, info, 1)
     generation_request("r", info, request.single_prompt(), sampling)  # packs every value into its tensor
+
+
+# -- structured output, tools and benchmark clients' parameters (issue 25) ------------------------------------------
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def chat_body(**fields) -> ChatRequest:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
+    return parse_body(json.dumps(body).encode(), ChatRequest)
+
+
+def inputs_of(request) -> dict[str, bytes]:
+    return {tensor.name: request.raw_input_contents[i] for i, tensor in enumerate(request.inputs)}
+
+
+def test_response_format_and_tool_choice_become_nvidias_guide_inputs():
+    from trtllm_model.openai_frontend.tools import guide_of
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    cases = [
+        ({"response_format": {"type": "json_object"}}, ("json", None, "response_format")),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema, "strict": True}}},
+         ("json_schema", schema, "response_format")),
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+         ("json_schema", {"type": "object", "properties": {"name": {"const": "get_weather"},
+                                                          "arguments": WEATHER_TOOL["function"]["parameters"]},
+                          "required": ["name", "arguments"], "additionalProperties": False}, "tools")),
+    ]
+    for fields, (kind, guide, param) in cases:
+        found = guide_of(chat_body(**fields))
+        assert (found.type, json.loads(found.guide) if found.guide else None, found.param) == (kind, guide, param)
+    required = guide_of(chat_body(tools=[WEATHER_TOOL, {**WEATHER_TOOL, "function": {"name": "other"}}],
+                                  tool_choice="required"))
+    assert [c["properties"]["name"]["const"] for c in json.loads(required.guide)["anyOf"]] == ["get_weather", "other"]
+    auto = json.loads(guide_of(chat_body(tools=[WEATHER_TOOL])).guide)
+    assert auto["triggers"] == ["<tool_call>"] and auto["structures"][0]["schema"] == WEATHER_TOOL["function"]["parameters"]
+    assert guide_of(chat_body(tools=[WEATHER_TOOL], tool_choice="none")) is None
+    assert guide_of(chat_body(response_format={"type": "text"})) is None
+
+    info = ModelInfo("m", TOKENIZER, None, None)
+    request = chat_body(response_format={"type": "json_object"})
+    sent = inputs_of(generation_request("r", info, [1, 2], app_module._sampling(request, info, 2)))
+    assert sent["guided_decoding_guide_type"] == b"\x04\x00\x00\x00json" and "guided_decoding_guide" not in sent
+
+
+def test_ignore_eos_and_min_tokens_map_onto_min_tokens_and_top_p_0_is_greedy():
+    info = ModelInfo("m", TOKENIZER, None, None)
+
+    def sent(**fields) -> dict[str, bytes]:
+        request = chat_body(**fields)
+        return inputs_of(generation_request("r", info, [1], app_module._sampling(request, info, 1)))
+
+    assert sent(max_tokens=160, ignore_eos=True)["min_tokens"] == (160).to_bytes(4, "little")
+    assert sent(max_tokens=160, min_tokens=20)["min_tokens"] == (20).to_bytes(4, "little")
+    assert sent(max_tokens=8, min_tokens=20)["min_tokens"] == (8).to_bytes(4, "little")  # never past max_tokens
+    assert "min_tokens" not in sent(max_tokens=8)
+    greedy = sent(top_p=0, temperature=0.7)
+    assert "top_p" not in greedy and "temperature" not in greedy
+
+
+def test_an_over_long_prompt_is_openais_context_length_exceeded():
+    names = app_module._PARAM_NAMES["max_tokens", "messages", None, "min_tokens"]
+    for text in ("input length 3000 exceeds max_num_tokens=2048",
+                 "input length 100 + max_tokens 9000 exceeds the model's 8192 positions",
+                 "input_ids: prompt of 5000 tokens is over max_input_len=4096",
+                 "request_output_len=100: with the prompt's 4000 tokens that is 4100, over max_seq_len=4096"):
+        error = api_error_from_triton(f"INVALID_ARG: {text}", names)
+        assert (error.status, error.code, error.param) == (400, "context_length_exceeded", "messages")
+    assert api_error_from_triton("INVALID_ARG: top_p=2: no", names).code == "invalid_arg"
+
+
+def test_a_guide_that_does_not_compile_names_the_openai_parameter():
+    names = app_module._PARAM_NAMES["max_tokens", "messages", "response_format", "min_tokens"]
+    error = api_error_from_triton("INVALID_ARG: guided_decoding_guide: the json_schema guide does not compile: "
+                                  'Unsupported type "bogus"', names)
+    assert (error.status, error.param) == (400, "response_format")
+    assert error.message.startswith("response_format: guided_decoding_guide:") and "bogus" in error.message
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1000])
+def test_tool_calls_are_split_from_the_content_as_the_text_streams(chunk):
+    from trtllm_model.openai_frontend.tools import ToolCallText, call_text
+
+    text = "Let me check. " + call_text("get_weather", '{"city": "Paris"}') + call_text("get_time", "{}")
+    calls_text = ToolCallText(forced=False)
+    released = [calls_text.push(text[i : i + chunk]) for i in range(0, len(text), chunk)]
+    assert all("<" not in piece for piece in released)  # a call's start is never released as content
+    rest, calls = calls_text.finish()
+    assert "".join(released) + rest == "Let me check. "
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {})]
+    assert calls[0]["id"].startswith("call_") and calls[0]["id"] != calls[1]["id"]
+
+    plain = ToolCallText(forced=False)
+    assert plain.push("a < b <tool") == "a < b " and plain.finish() == ("<tool", [])
+
+    forced = ToolCallText(forced=True)
+    assert forced.push('{"name": "get_weather", "arguments": {"city": "Oslo"}}') == ""
+    _, [call] = forced.finish()
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+    cut = ToolCallText(forced=True)
+    cut.push('{"name": "get_wea')
+    assert cut.finish() == ('{"name": "get_wea', [])  # cut short by max_tokens: the text, no call
+
+
+def test_tools_reach_a_template_that_ignores_them_as_a_system_message():
+    """SmolLM2's template renders no tools: the prompt carries them in the system message; earlier calls and the
+    tool's answer are in the conversation."""
+    from trtllm_model.embedded.model_loading import load_tokenizer
+    from trtllm_model.openai_frontend.tokenization import chat_prompt_ids
+    from trtllm_model.openai_frontend.tools import tools_system_text
+
+    tokenizer = load_tokenizer()
+    request = chat_body(tools=[WEATHER_TOOL], messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ])
+    prompt = tokenizer.decode(chat_prompt_ids(tokenizer, request.conversation(),
+                                              [t.model_dump() for t in request.tools],
+                                              tools_system_text(request.tools)))
+    assert prompt.startswith("<|im_start|>system\nYou can call these tools") and '"get_weather"' in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+    assert "<|im_start|>tool\nsunny<|im_end|>" in prompt

@@ -68,11 +68,11 @@ class IncrementalDetokenizer:
         self._sent = len(self._decode(self._window)) - self._held
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+def chat_prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     """The conversation through the model's chat template, ready for the assistant's answer, as token ids: the one
     rendering both the `apply_chat_template` input and the OpenAI frontend use.
 
     The template writes the special tokens (BOS included) itself, so encoding adds none: a tokenizer that adds a
     BOS of its own (Llama's) would otherwise begin the prompt with two."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)

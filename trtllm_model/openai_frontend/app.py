@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from .text_stream import TextStream
 from .tokenization import chat_prompt_ids
+from .tools import ToolCallText, guide_of, mode, tools_system_text
 from .triton_pool import Delta, ModelInfo, Sampling, TritonGeneration, TritonPool
 
 log = logging.getLogger("trtllm_model.openai")
@@ -58,13 +59,16 @@ class Generation:
     triton: TritonGeneration
     chat: bool
     include_usage: bool
+    calls: ToolCallText | None = None  # the answer may hold tool calls
     first: Delta | None = None  # set once it comes, before the response starts
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.text.tokens,
                 "total_tokens": self.prompt_tokens + self.text.tokens}
 
-    def finish_reason(self, delta: Delta) -> str | None:
+    def finish_reason(self, delta: Delta, calls: list | None = None) -> str | None:
+        if calls:
+            return "tool_calls"
         return "stop" if self.text.stopped else delta.finish_reason
 
     def logprobs(self, start: int, text_offset: int = 0) -> dict | None:
@@ -96,6 +100,23 @@ class Generation:
             payload["usage"] = None
         return _event(payload)
 
+    def tool_call_chunks(self, calls: list[dict]) -> list[bytes]:
+        """OpenAI's streamed calls: each call's id and name (arguments ""), then its arguments."""
+        chunks = []
+        for index, call in enumerate(calls):
+            function = call["function"]
+            for delta in ({"index": index, "id": call["id"], "type": "function",
+                           "function": {"name": function["name"], "arguments": ""}},
+                          {"index": index, "function": {"arguments": function["arguments"]}}):
+                payload = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                           "model": self.model,
+                           "choices": [{"index": 0, "delta": {"tool_calls": [delta]}, "logprobs": None,
+                                        "finish_reason": None}]}
+                if self.include_usage:
+                    payload["usage"] = None
+                chunks.append(_event(payload))
+        return chunks
+
     def usage_chunk(self) -> bytes:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         return _event({"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [],
@@ -113,6 +134,12 @@ class Generation:
                 end = delta.finish_reason is not None or self.text.stopped
                 if end:
                     text += self.text.finish()
+                calls: list[dict] = []
+                if self.calls is not None:
+                    text = self.calls.push(text)
+                    if end:
+                        rest, calls = self.calls.finish()
+                        text += rest
                 logprobs = self.logprobs(counted, offset) if text or end else None
                 if logprobs is not None:
                     counted, offset = len(self.text.logprobs), offset + len(text)
@@ -120,7 +147,9 @@ class Generation:
                     if text:
                         yield self.chunk(text, None, logprobs)
                         logprobs = None
-                    yield self.chunk(None, self.finish_reason(delta), logprobs)
+                    for chunk in self.tool_call_chunks(calls):
+                        yield chunk
+                    yield self.chunk(None, self.finish_reason(delta, calls), logprobs)
                     break
                 if text:
                     yield self.chunk(text, None, logprobs)
@@ -144,10 +173,17 @@ class Generation:
                 break
             delta = await self.triton.next_delta()
         text = "".join(parts)
-        finish = self.finish_reason(delta)
+        calls: list[dict] = []
+        if self.calls is not None:
+            text = self.calls.push(text)
+            rest, calls = self.calls.finish()
+            text += rest
+        finish = self.finish_reason(delta, calls)
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": self.logprobs(0),
-                      "finish_reason": finish}
+            message: dict = {"role": "assistant", "content": text or (None if calls else "")}
+            if calls:
+                message["tool_calls"] = calls
+            choice = {"index": 0, "message": message, "logprobs": self.logprobs(0), "finish_reason": finish}
             kind = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "logprobs": self.logprobs(0), "finish_reason": finish}
@@ -164,40 +200,52 @@ def _sampling(request: ChatRequest | CompletionRequest, info: ModelInfo, prompt_
         limit = max(1, min(candidates)) if candidates else 16
     prompt_name = "messages" if isinstance(request, ChatRequest) else "prompt"
     logprobs = request.logprobs if isinstance(request, ChatRequest) else request.logprobs is not None
+    guide = guide_of(request) if isinstance(request, ChatRequest) else None
     # The model samples only when top_p or top_k is set (NVIDIA's reading; otherwise greedy), so a request with a
     # temperature above 0 carries top_p (OpenAI's default 1). Without temperature or top_p the model's default
     # applies, greedy, where OpenAI's own API would sample at temperature 1: a small model answers far better so.
-    sampled = request.top_p is not None or (request.temperature or 0.0) > 0.0
+    # top_p 0 keeps only the likeliest token: greedy.
+    sampled = (request.top_p is not None or (request.temperature or 0.0) > 0.0) and request.top_p != 0
+    # vLLM's ignore_eos: no end before max_tokens, which min_tokens says (the end token is banned until then).
+    min_tokens = limit if request.ignore_eos else request.min_tokens
     return Sampling(
         max_tokens=limit,
-        temperature=request.temperature,
+        temperature=request.temperature if request.top_p != 0 else None,
         top_p=(1.0 if request.top_p is None else request.top_p) if sampled and request.temperature != 0 else None,
         seed=request.seed,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
         stop_words=request.stop_strings(),
         logprobs=bool(logprobs),
-        param_names=_PARAM_NAMES[limit_name, prompt_name],
+        min_tokens=min(min_tokens, limit) if min_tokens else None,
+        guide_type=guide.type if guide else None,
+        guide=guide.guide if guide else None,
+        param_names=_PARAM_NAMES[limit_name, prompt_name, guide.param if guide else None,
+                                 "ignore_eos" if request.ignore_eos else "min_tokens"],
     )
 
 
-def _param_names(limit_name: str, prompt_name: str) -> dict[str, str]:
+def _param_names(limit_name: str, prompt_name: str, guide_name: str | None, min_tokens_name: str) -> dict[str, str]:
     """The model's input names -> the OpenAI parameter a request gave it under."""
-    return {
+    names = {
         "request_output_len": limit_name, "max_tokens": limit_name, "temperature": "temperature",
         "top_p": "top_p", "runtime_top_p": "top_p", "seed": "seed", "random_seed": "seed",
         "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-        "stop_words": "stop", "input_ids": prompt_name, "input": prompt_name,
+        "stop_words": "stop", "input_ids": prompt_name, "input": prompt_name, "min_tokens": min_tokens_name,
     }
+    if guide_name is not None:
+        names["guided_decoding_guide"] = names["guided_decoding_guide_type"] = guide_name
+    return names
 
 
-_PARAM_NAMES = {(limit, prompt): _param_names(limit, prompt)
-                for limit in ("max_tokens", "max_completion_tokens") for prompt in ("messages", "prompt")}
+_PARAM_NAMES = {(limit, prompt, guide, min_tokens): _param_names(limit, prompt, guide, min_tokens)
+                for limit in ("max_tokens", "max_completion_tokens") for prompt in ("messages", "prompt")
+                for guide in (None, "response_format", "tools") for min_tokens in ("min_tokens", "ignore_eos")}
 
 
-def _chat_ids(tokenizer, conversation: list[dict[str, str]]) -> list[int]:
+def _chat_ids(tokenizer, conversation: list[dict], tools: list[dict] | None, tools_text: str) -> list[int]:
     try:
-        return chat_prompt_ids(tokenizer, conversation)
+        return chat_prompt_ids(tokenizer, conversation, tools, tools_text)
     except Exception as exc:  # the model's template refuses this conversation (e.g. roles out of order)
         raise ApiError(400, f"messages: the model's chat template refused them: {exc}", "messages",
                        "invalid_value") from None
@@ -211,7 +259,12 @@ async def prompt_ids(request: ChatRequest | CompletionRequest, info: ModelInfo) 
     if isinstance(request, ChatRequest):
         conversation = request.conversation()
         chars = sum(len(message["content"]) for message in conversation)
-        encode = functools.partial(_chat_ids, tokenizer, conversation)
+        tools, tools_text = None, ""
+        if request.tools:
+            tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
+            tools_text = tools_system_text(request.tools)
+            chars += len(tools_text)
+        encode = functools.partial(_chat_ids, tokenizer, conversation, tools, tools_text)
     else:
         prompt = request.single_prompt()
         if not isinstance(prompt, str):
@@ -366,6 +419,8 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
             chat=kind is ChatRequest,
             include_usage=request.include_usage,
         )
+        if kind is ChatRequest and mode(request) != "none":
+            generation.calls = ToolCallText(forced=mode(request) == "forced")
         try:
             generation.first = await triton.next_delta()  # Triton's refusals raise here, before any status is sent
         except BaseException:

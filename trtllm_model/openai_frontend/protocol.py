@@ -1,8 +1,9 @@
 """OpenAI's request bodies (validated with pydantic) and its error JSON.
 
-Field names follow OpenAI's API reference for /v1/chat/completions and /v1/completions. Fields that would change
-what the model does but that we cannot honour (tools, a JSON response format, logit_bias, n > 1, ...) are refused
-with a 400 naming them; fields that only describe the caller (`user`, `metadata`, ...) are ignored.
+Field names follow OpenAI's API reference for /v1/chat/completions and /v1/completions, plus vLLM's `ignore_eos`
+and `min_tokens` (benchmark clients send them). `response_format` and `tools` become a guide for the model
+(tools.py). Fields that would change what the model does but that we cannot honour (logit_bias, n > 1, ...) are
+refused with a 400 naming them; fields that only describe the caller (`user`, `metadata`, ...) are ignored.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+# OpenAI allows at most this many stop strings.
+MAX_STOP_STRINGS = 4
 # Token counts and token ids travel to Triton as INT32 tensors: a value past these bounds is the caller's error (400).
 INT32_MAX = 2**31 - 1
 TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX)]
@@ -51,7 +54,7 @@ class _Sampling(_Body):
     model: str
     max_tokens: TokenCount | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # 0: only the likeliest token (greedy)
     seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
     stop: str | list[str] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
@@ -61,6 +64,8 @@ class _Sampling(_Body):
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored
     logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False  # vLLM's: generate max_tokens whatever the model would end with
+    min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # vLLM's: no end before this many tokens
 
     @field_validator("stop")
     @classmethod
@@ -68,6 +73,8 @@ class _Sampling(_Body):
         stops = [value] if isinstance(value, str) else (value or [])
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"{len(stops)} stop strings: at most {MAX_STOP_STRINGS} are allowed")
         return stops
 
     def stop_strings(self) -> list[str]:
@@ -91,10 +98,56 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(_Body):
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Body):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer: to which call
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -107,17 +160,32 @@ class ChatRequest(_Sampling):
     max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # accepted; one call per answer is what the guides allow
     functions: list[Any] | None = None
-    response_format: dict | None = None
+    response_format: ResponseFormat | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                raise ApiError(400, f"{name}: tool calling is not supported", name, "unsupported_parameter")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ApiError(400, "response_format: only type 'text' is supported", "response_format", "unsupported_value")
+        if self.functions:
+            raise ApiError(400, "functions: deprecated by OpenAI; send tools", "functions", "unsupported_parameter")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ApiError(400, "tool_choice: needs tools", "tool_choice", "invalid_value")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = [tool.function.name for tool in self.tools or []]
+            if self.tool_choice.function.name not in names:
+                raise ApiError(400, f"tool_choice: no tool named {self.tool_choice.function.name!r} among "
+                               f"{names}", "tool_choice", "invalid_value")
+        response_format = self.response_format
+        if response_format is not None and response_format.type == "json_schema" and response_format.json_schema is None:
+            raise ApiError(400, "response_format.json_schema: required with type json_schema", "response_format",
+                           "invalid_value")
+        if self.tools and self.response_format is not None and self.response_format.type != "text" and (
+            self.tool_choice not in (None, "none")
+        ):
+            raise ApiError(400, "response_format: give it or a tool_choice that calls tools, not both",
+                           "response_format", "invalid_value")
         if self.top_logprobs and not self.logprobs:
             raise ApiError(400, "top_logprobs: requires logprobs=true", "top_logprobs", "invalid_value")
         if self.top_logprobs:
@@ -131,9 +199,22 @@ class ChatRequest(_Sampling):
             return self.max_completion_tokens, "max_completion_tokens"
         return self.max_tokens, "max_tokens"
 
-    def conversation(self) -> list[dict[str, str]]:
-        # `developer` is the newer name of `system`; chat templates know only the latter.
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    def conversation(self) -> list[dict[str, Any]]:
+        # `developer` is the newer name of `system`; chat templates know only the latter. Earlier tool calls go to
+        # the template as OpenAI's fields, and as the text the model wrote for them (tools.py).
+        from .tools import call_text
+
+        messages = []
+        for m in self.messages:
+            message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.tool_calls:
+                message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+                message["content"] += "".join(call_text(call.function.name, call.function.arguments)
+                                              for call in m.tool_calls)
+            if m.tool_call_id is not None:
+                message["tool_call_id"] = m.tool_call_id
+            messages.append(message)
+        return messages
 
 
 class CompletionRequest(_Sampling):

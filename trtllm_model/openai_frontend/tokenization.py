@@ -42,13 +42,29 @@ def load_model_tokenizer(parameters: dict[str, str], executor: str | None = None
     return AutoTokenizer.from_pretrained(directory)
 
 
-def chat_prompt_ids(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
+def chat_prompt_ids(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None = None,
+                    tools_text: str = "") -> list[int]:
     """The conversation through the model's chat template (the same ids as the model's `apply_chat_template`
-    input), ready for the assistant's turn, as token ids; a plain rendering without a template."""
-    if getattr(tokenizer, "chat_template", None):
-        return template_prompt_ids(tokenizer, messages)
-    text = "".join(PLAIN_ROLE_LINE.format(**m) for m in messages) + PLAIN_GENERATION_PROMPT
+    input), ready for the assistant's turn, as token ids; a plain rendering without a template.
+
+    `tools` (OpenAI's entries) go to a template that renders them; one that does not (SmolLM2's) gets `tools_text`
+    in the system message instead."""
+    template = getattr(tokenizer, "chat_template", None)
+    if tools and not (isinstance(template, str) and "tools" in template):
+        messages = _with_system_text(messages, tools_text)
+        tools = None
+    if template:
+        return template_prompt_ids(tokenizer, messages, tools)
+    text = "".join(PLAIN_ROLE_LINE.format(role=m["role"], content=m["content"]) for m in messages)
+    text += PLAIN_GENERATION_PROMPT
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _with_system_text(messages: list[dict], text: str) -> list[dict]:
+    if messages and messages[0]["role"] == "system":
+        first = dict(messages[0], content=f"{messages[0]['content']}\n\n{text}" if messages[0]["content"] else text)
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def context_length(tokenizer: Tokenizer) -> int | None:

@@ -37,6 +37,9 @@ FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "length": "length", "t
 # The model's error text starts with the Triton error code, then the input it is about (see triton_io.py).
 _ERROR = re.compile(r"^(?:\[request id: [^\]]*\] )?(?:(?P<code>[A-Z_]+): )?(?P<text>.*)$", re.S)
 _FIELD = re.compile(r"^(?P<name>[a-z_]+)\b")
+# The engines' words for a prompt (+ max_tokens) over what the model takes: OpenAI's context_length_exceeded.
+_TOO_LONG = re.compile(r"^(input length \d+ (\+ max_tokens \d+ )?exceeds|input_ids: prompt of \d+ tokens is over|"
+                       r"\w+=\d+: with the prompt's \d+ tokens that is \d+, over max_seq_len)")
 
 
 @dataclass(slots=True)
@@ -63,6 +66,9 @@ class Sampling:
     frequency_penalty: float | None = None
     stop_words: list[str] = field(default_factory=list)
     logprobs: bool = False
+    min_tokens: int | None = None
+    guide_type: str | None = None  # NVIDIA's guided_decoding_guide_type / guided_decoding_guide
+    guide: str | None = None
     # The model's input names -> the OpenAI parameter the caller used for it (for 400s naming the parameter).
     param_names: dict[str, str] = field(default_factory=dict)
 
@@ -115,6 +121,13 @@ def generation_request(request_id: str, info: ModelInfo, input_ids: list[int],
             _add_input(request, name, "FP32", [1, 1], struct.pack("<f", value))
     if sampling.seed is not None:
         _add_input(request, "seed", "UINT64", [1, 1], struct.pack("<Q", sampling.seed))
+    if sampling.min_tokens:
+        _add_input(request, "min_tokens", "INT32", [1, 1], struct.pack("<i", sampling.min_tokens))
+    if sampling.guide_type is not None:
+        for name, text in (("guided_decoding_guide_type", sampling.guide_type), ("guided_decoding_guide", sampling.guide)):
+            if text is not None:
+                raw = text.encode()
+                _add_input(request, name, "BYTES", [1, 1], struct.pack("<I", len(raw)) + raw)
     if sampling.stop_words:  # lets the engine stop early where a stop string is whole tokens; text_stream cuts
         words = [w.encode() for w in sampling.stop_words]
         _add_input(request, "stop_words", "BYTES", [1, len(words)],
@@ -146,6 +159,8 @@ def api_error_from_triton(message: str, param_names: dict[str, str]) -> ApiError
     """Triton's error text -> OpenAI's error with the status the issue asks for."""
     match = _ERROR.match(message)
     code, text = match.group("code"), match.group("text")
+    if code == "INVALID_ARG" and _TOO_LONG.match(text):
+        return ApiError(400, text, param_names.get("input_ids"), "context_length_exceeded")
     if code in ("INVALID_ARG", "UNSUPPORTED"):
         name = _FIELD.match(text)
         param = param_names.get(name.group("name")) if name else None
