@@ -21,6 +21,10 @@ DEFAULT_ENSEMBLE = PACKAGE_ROOT / "model_repository" / "ensemble"
 LLMAPI_REPOSITORY = PACKAGE_ROOT / "model_repository_llmapi"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MODEL_NAME = "tensorrt_llm"
+# Models of NVIDIA's inflight-batcher repository written next to tensorrt_llm, and those of them that answer each
+# request with one response whatever tensorrt_llm's policy.
+PIPELINE_MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls")
+ONE_RESPONSE_MODELS = ("preprocessing", "postprocessing")
 MODEL_PY = (
     "# Thin entry point: Triton loads this file; the model lives in the trtllm_model package.\n"
     "from trtllm_model.model import TritonPythonModel  # noqa: F401\n"
@@ -114,6 +118,8 @@ def set_decoupled(repository: Path, decoupled: bool) -> None:
         model_yaml = config.parent / "1" / "model.yaml"
         if not DECOUPLED_LINE.search(config.read_text()) and model_yaml.is_file():
             model_yaml.write_text(yaml_with_decoupled(model_yaml.read_text(), decoupled))
+            continue
+        if config.parent.name in ONE_RESPONSE_MODELS:  # NVIDIA's preprocessing/postprocessing: never decoupled
             continue
         config.write_text(with_decoupled(config.read_text(), decoupled))
 

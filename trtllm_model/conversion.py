@@ -95,7 +95,7 @@ _SCALAR_KEYS = {alias: key for key, aliases in _ALIASES.items() for alias in ali
 # honours: a request carrying one is refused as UNSUPPORTED, naming it. (docs/nvidia_compatibility.md)
 UNSUPPORTED_INPUTS = frozenset(
     {
-        "encoder_input_features", "encoder_output_lengths", "decoder_input_ids", "decoder_input_lengths",
+        "encoder_input_features", "encoder_output_lengths",
         "decoder_text_input", "draft_input_ids", "draft_logits", "draft_acceptance_threshold", "num_draft_tokens",
         "use_draft_logits", "runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids", "early_stopping",
         "beam_search_diversity_rate", "prompt_embedding_table", "prompt_table_extra_ids", "prompt_table_extra_id",
@@ -106,6 +106,10 @@ UNSUPPORTED_INPUTS = frozenset(
         "lookahead_verification_set_size",
     }
 )
+
+# decoder_input_ids / decoder_input_lengths are not listed: NVIDIA's preprocessing sends decoder_input_ids=[[pad_id]]
+# with every request and NVIDIA's backend ignores it for a decoder-only engine; every engine served here is
+# decoder-only (encoder_input_features is refused), so they are read by nothing. (docs/nvidia_compatibility.md)
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 

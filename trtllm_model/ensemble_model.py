@@ -36,6 +36,10 @@ CANCEL_CHECK_S = 0.1
 FORWARDED_GRACE_S = 2.0
 
 
+class Refused(ValueError):
+    """A request the forwarding model itself refuses (INVALID_ARG)."""
+
+
 class _Forward:
     """A client request being forwarded: its one sender, and a lock so that nothing is sent after its final."""
 
@@ -62,6 +66,8 @@ class _Forward:
 
 
 class TritonPythonModel:
+    target = TARGET_MODEL  # the model requests are forwarded to (tensorrt_llm_bls: its tensorrt_llm_model_name)
+
     def initialize(self, args: dict) -> None:
         model_config = json.loads(args["model_config"])
         self._outputs = [output["name"] for output in model_config.get("output", [])]
@@ -71,13 +77,13 @@ class TritonPythonModel:
         self._lock = threading.Lock()  # guards `_open` only; no IPC call is made while holding it
         self._open: dict[str, _Forward] = {}  # forwarded id -> client request, for the watch
         self._unloading_since: float | None = None
-        self._target_unloading = unload_check(TARGET_MODEL)
+        self._target_unloading = unload_check(self.target)
         self._watch = StreamWatch(
             "ensemble-cancel",
             CANCEL_CHECK_S,
             open_items=self._open_snapshot,
             is_cancelled=_client_cancelled,
-            on_cancelled=_forward_cancellation,
+            on_cancelled=self._forward_cancellation,
             unloading=unload_check(self._name),
             on_unload=self._unloading_seen,
         )
@@ -106,9 +112,10 @@ class TritonPythonModel:
                 # A sequence's last response is the one with a finish reason: the last of them is sent on as FINAL.
                 inputs = [t for t in inputs if t.name() != "return_finish_reason"]
                 inputs.append(pb_utils.Tensor("return_finish_reason", np.ones((sequences_left, 1), dtype=bool)))
+            stream_state = self._stream_state(inputs, sequences_left)
             requested = list(request.requested_output_names()) or self._outputs
             inner = pb_utils.InferenceRequest(
-                model_name=TARGET_MODEL,
+                model_name=self.target,
                 inputs=inputs,
                 requested_output_names=sorted(set(requested) | {"finish_reason"}),
                 request_id=forwarded_id,
@@ -125,6 +132,7 @@ class TritonPythonModel:
                 reason = next((_reason(t) for t in tensors if t.name() == "finish_reason"), None)
                 if not client_wants_reason:
                     tensors = [t for t in tensors if t.name() != "finish_reason"]
+                tensors = self._outgoing(tensors, stream_state)
                 if reason is not None:  # a sequence's last response
                     sequences_left -= 1
                 if sequences_left == 0:
@@ -132,6 +140,8 @@ class TritonPythonModel:
                     self._finish(forwarded_id, pb_utils.InferenceResponse(output_tensors=tensors))
                 elif tensors:
                     forward.send(pb_utils.InferenceResponse(output_tensors=tensors))
+        except Refused as exc:
+            error = pb_utils.TritonError(f"INVALID_ARG: {exc}", pb_utils.TritonError.INVALID_ARG)
         except Exception as exc:
             error = self._forwarding_error(exc)
         if final_sent:
@@ -141,7 +151,7 @@ class TritonPythonModel:
             # Triton 2.51 does not pass to a BLS caller after earlier responses (see TritonStream.send_error).
             error = (pb_utils.TritonError("CANCELLED: request cancelled", pb_utils.TritonError.CANCELLED)
                      if forward.cancelled else
-                     pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} ended the request early",
+                     pb_utils.TritonError(f"UNAVAILABLE: {self.target} ended the request early",
                                           pb_utils.TritonError.UNAVAILABLE))
         self._finish(forwarded_id, pb_utils.InferenceResponse(error=error))
 
@@ -152,9 +162,22 @@ class TritonPythonModel:
             unloaded = False
         if unloaded:
             # The executor failed and tensorrt_llm unloaded itself: the same answer its own clients get.
-            return pb_utils.TritonError(f"UNAVAILABLE: {TARGET_MODEL} is not ready", pb_utils.TritonError.UNAVAILABLE)
-        log.exception("forwarding to %s failed", TARGET_MODEL)
-        return pb_utils.TritonError(f"INTERNAL: ensemble forwarding failed: {exc}", pb_utils.TritonError.INTERNAL)
+            return pb_utils.TritonError(f"UNAVAILABLE: {self.target} is not ready", pb_utils.TritonError.UNAVAILABLE)
+        log.exception("forwarding to %s failed", self.target)
+        return pb_utils.TritonError(f"INTERNAL: {self._name} forwarding failed: {exc}", pb_utils.TritonError.INTERNAL)
+
+    def _stream_state(self, inputs: list, sequences: int) -> object:
+        """Per-request state for `_outgoing` (None here); raise Refused for a request this model refuses."""
+        return None
+
+    def _outgoing(self, tensors: list, state: object) -> list:
+        """The tensors of one forwarded response as the client gets them (unchanged here)."""
+        return tensors
+
+    def _forward_cancellation(self, forward: _Forward) -> None:
+        forward.cancelled = True
+        # On its own thread: a BLS call the watch waited on could hold every other stream's watch.
+        threading.Thread(target=_send_stop, args=(self.target, forward.forwarded_id), daemon=True).start()
 
     def _finish(self, forwarded_id: str, response) -> None:
         # Leave the watcher's view before the final response: asking Triton whether a finished request was
@@ -223,9 +246,9 @@ def _reason(tensor) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _send_stop(forwarded_id: str) -> None:
+def _send_stop(target: str, forwarded_id: str) -> None:
     stop = pb_utils.InferenceRequest(
-        model_name=TARGET_MODEL,
+        model_name=target,
         inputs=[pb_utils.Tensor("stop", np.array([[True]]))],
         requested_output_names=[],
         request_id=forwarded_id,
@@ -242,10 +265,3 @@ def _client_cancelled(forward: _Forward) -> bool | None:
         if forward.done:
             return None
         return forward.request.is_cancelled()
-
-
-def _forward_cancellation(forward: _Forward) -> None:
-    forward.cancelled = True
-    # On its own thread: a BLS call the watch waited on could hold every other stream's watch.
-    threading.Thread(target=_send_stop, args=(forward.forwarded_id,), daemon=True).start()
-

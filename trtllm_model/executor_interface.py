@@ -108,6 +108,11 @@ class KvCacheStats:
     free_blocks: int
     used_blocks: int
     tokens_per_block: int
+    # Prefix reuse since start, as TensorRT-LLM's KvCacheStats counts it (None: the engine does not reuse blocks):
+    # full prompt blocks found cached, those looked up and not found, and reused / (reused + missed).
+    reused_blocks: int | None = None
+    missed_blocks: int | None = None
+    cache_hit_rate: float | None = None
 
 
 @dataclass(slots=True)
@@ -174,6 +179,16 @@ class Tokenizer(Protocol):
 
 class ExecutorError(RuntimeError):
     """Raised by an executor that can no longer serve (dead engine, failed step)."""
+
+
+class QueueFull(RuntimeError):
+    """Raised by `enqueue` (or the poller) while `limit` requests already wait: the client may retry (UNAVAILABLE).
+    The message carries both phrases NVIDIA's clients match (tritonserver's own queue-full wording, gRPC and HTTP)
+    and begins with "queue full", which the OpenAI frontend maps to 429."""
+
+    def __init__(self, held: int, limit: int, what: str) -> None:
+        super().__init__(f"queue full: Exceeds maximum queue size; Maximum queue size of {limit} reached "
+                         f"({held} {what})")
 
 
 class RequestRejected(ValueError):

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from .dispatch import Dispatcher
-from .executor_interface import Executor, ExecutorError, RequestRejected, Step
+from .executor_interface import Executor, ExecutorError, QueueFull, RequestRejected, Step
 from .request_context import ErrorCode, RequestContext, RequestState
 from .responses import ErrorReply, ResponseAssembler
 from .watches import StreamWatch
@@ -103,6 +103,8 @@ class Poller:
         refusal = None
         try:
             ctx.executor_id = self.executor.enqueue(ctx.parsed.generation)
+        except QueueFull as exc:
+            refusal = (ErrorCode.UNAVAILABLE, str(exc))
         except RequestRejected as exc:
             refusal = (ErrorCode.UNSUPPORTED if exc.unsupported else ErrorCode.INVALID_ARG, str(exc))
         except ExecutorError as exc:
@@ -140,7 +142,7 @@ class Poller:
             return ErrorCode.UNAVAILABLE, "model is shutting down"
         held = len(self._open) + self._enqueuing
         if self.max_open_requests is not None and held >= self.max_open_requests:
-            return ErrorCode.UNAVAILABLE, f"queue full: {held} requests in flight (max_queue_size reached)"
+            return ErrorCode.UNAVAILABLE, str(QueueFull(held, self.max_open_requests, "requests in flight"))
         return None
 
     def _stop_by_triton_id(self, ctx: RequestContext) -> None:

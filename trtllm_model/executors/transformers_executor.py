@@ -11,11 +11,15 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   dtype            float32 (default on CPU), bfloat16 (default on CUDA) or float16
   torch_threads    torch intra-op threads (process-wide); unset: torch's default
   max_num_tokens   tokens through the model per step: decoding sequences + prefilled prompt tokens (default 2048)
-  kv_cache_memory_bytes  the most memory the batch's KV cache may take; a request joins the batch only while the
-                   cache, grown to carry every running request to prompt + max_tokens, stays within it (else it
-                   waits), one that needs more alone is refused. Default on CPU 1 GiB (sized for the CPU
-                   Deployment's 4 GiB limit, see docs/performance.md); on CUDA kv_cache_free_gpu_mem_fraction
-                   (NVIDIA's name, default 0.9) of the memory free once the weights are loaded
+  kv_cache_memory_bytes  the memory of the KV block pool, allocated at load (blocks of 16 tokens); a request
+                   joins the batch only while the free blocks hold its prompt + max_tokens (less the blocks it
+                   shares), else it waits; one that needs more than the whole pool is refused. Default on CPU 1 GiB
+                   (sized for the CPU Deployment's 4 GiB limit, see docs/performance.md); on CUDA
+                   kv_cache_free_gpu_mem_fraction (NVIDIA's name, default 0.9) of the memory free once the weights
+                   are loaded
+  enable_kv_cache_reuse  NVIDIA's name: prefix caching (default true). A prompt's leading full blocks that an earlier
+                   request computed are reused, not prefilled again; cached blocks nobody holds are evicted least
+                   recently used when the pool runs out of blank ones
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
 
@@ -31,10 +35,16 @@ import threading
 
 import torch
 
+from ..embedded.cpu_share import FreeCoreThreads
 from ..embedded.engine import Engine, EngineConfig, EngineDead
 from ..embedded.guided import GuideCompiler, GuideError
-from ..embedded.kv_budget import DEFAULT_FREE_GPU_MEM_FRACTION, KvBudget, default_kv_cache_bytes
-from ..embedded.model_loading import load_model
+from ..embedded.kv_budget import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_FREE_GPU_MEM_FRACTION,
+    KvBudget,
+    default_kv_cache_bytes,
+)
+from ..embedded.model_loading import load_model, load_tokenizer
 from ..embedded.runner import ModelRunner
 from ..embedded.sequence import Sequence
 from ..executor_interface import (
@@ -42,21 +52,25 @@ from ..executor_interface import (
     ExecutorError,
     GenerationRequest,
     IterationStats,
+    QueueFull,
     RequestRejected,
     Step,
     Tokenizer,
 )
 from ..params import ConfigError, Params
 from ..request_checks import check_request
+from .engine_process import EngineProcess, EngineSpec
 
 log = logging.getLogger(__name__)
 
 PARAMETERS = frozenset(
-    {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes"}
+    {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes",
+     "engine_process", "enable_kv_cache_reuse"}
 )
 
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_NUM_TOKENS = 2048
+DEFAULT_ENGINE_PROCESS = True
 
 
 class TransformersExecutor(Executor):
@@ -73,23 +87,61 @@ class TransformersExecutor(Executor):
         max_queue_size: int | None = None,
         stats_max_iterations: int = 1000,
         kv_cache_memory_bytes: int | None = None,
+        enable_kv_cache_reuse: bool = True,
+        kv_block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> None:
+        """The engine on a thread of this process."""
         self.runner = ModelRunner(model)
-        self.vocab_size = self.runner.vocab_size
+        memory = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else default_kv_cache_bytes(self.runner.device)
+        budget = KvBudget(memory, self.runner.kv_bytes_per_token, kv_block_size)
+        engine = Engine(self.runner, EngineConfig(max_batch_size, max_num_tokens, budget, stats_max_iterations,
+                                                  enable_kv_cache_reuse))
+        self._start(engine, tokenizer, self.runner.vocab_size, self.runner.max_positions, budget,
+                    _end_id_of(model, tokenizer), max_batch_size, max_num_tokens, max_input_len, max_output_len,
+                    max_queue_size)
+
+    @classmethod
+    def in_worker_process(
+        cls,
+        spec: EngineSpec,
+        tokenizer_dir: str | None = None,
+        max_input_len: int | None = None,
+        max_output_len: int | None = None,
+        max_queue_size: int | None = None,
+    ) -> TransformersExecutor:
+        """The engine in a worker process (engine_process.py) that loads the model as `spec` says; the tokenizer
+        and the request checks stay here."""
+        worker = EngineProcess(spec)
+        try:
+            info = worker.info
+            # After the worker is ready: it has made the dequantised SmolLM2 copy the tokenizer is read from.
+            tokenizer = load_tokenizer(tokenizer_dir or spec.model_dir, spec.cache_dir)
+            executor = cls.__new__(cls)
+            executor.runner = None
+            executor._start(worker, tokenizer, info.vocab_size, info.max_positions,
+                            KvBudget(info.kv_cache_memory_bytes, info.kv_bytes_per_token), info.generation_eos_id,
+                            spec.max_batch_size, spec.max_num_tokens, max_input_len, max_output_len, max_queue_size)
+        except BaseException:
+            worker.stop()
+            raise
+        return executor
+
+    def _start(self, engine: Engine | EngineProcess, tokenizer: Tokenizer | None, vocab_size: int, max_positions: int,
+               kv_budget: KvBudget, default_end_id: int | None, max_batch_size: int, max_num_tokens: int,
+               max_input_len: int | None, max_output_len: int | None, max_queue_size: int | None) -> None:
+        self.engine = engine
+        self.vocab_size = vocab_size
+        self.max_positions = max_positions
+        self.kv_budget = kv_budget
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
         # No chunked prefill: a prompt must fit in one step's token budget.
-        self.max_input_len = min(max_input_len or max_num_tokens, max_num_tokens, self.runner.max_positions - 1)
+        self.max_input_len = min(max_input_len or max_num_tokens, max_num_tokens, max_positions - 1)
         self.max_output_len = max_output_len
         self.max_queue_size = max_queue_size
-        self.default_end_id = _end_id_of(model, tokenizer)
+        self.default_end_id = default_end_id
         self._ids = itertools.count(1)
-        memory = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else default_kv_cache_bytes(self.runner.device)
-        self.kv_budget = KvBudget(memory, self.runner.kv_bytes_per_token)
-        self.engine = Engine(
-            self.runner, EngineConfig(max_batch_size, max_num_tokens, self.kv_budget, stats_max_iterations)
-        )
         self._guides: GuideCompiler | None = None  # made on the first guided request (loads xgrammar)
         self._guides_lock = threading.Lock()
 
@@ -99,12 +151,17 @@ class TransformersExecutor(Executor):
             raise ExecutorError(self.engine.error)
         self._check(request)
         if self.max_queue_size is not None and self.engine.queued() >= self.max_queue_size:
-            raise RequestRejected(f"the queue is full (max_queue_size={self.max_queue_size})")
+            raise QueueFull(self.engine.queued(), self.max_queue_size, "requests wait in the executor's queue")
         request_id = next(self._ids)
-        sequence = Sequence.from_request(request_id, request, self.runner.vocab_size, self.default_end_id)
-        if request.guided_decoding_type is not None:
-            sequence.guide = self._guide_matcher(request, sequence.end_id)
         try:
+            if isinstance(self.engine, EngineProcess):
+                if request.guided_decoding_type is not None:
+                    self._guide_matcher(request, None)  # refused here if it does not compile; the worker has its own
+                self.engine.submit(request_id, request)
+                return request_id
+            sequence = Sequence.from_request(request_id, request, self.vocab_size, self.default_end_id)
+            if request.guided_decoding_type is not None:
+                sequence.guide = self._guide_matcher(request, sequence.end_id)
             self.engine.submit(sequence)
         except EngineDead as exc:
             raise ExecutorError(str(exc)) from None
@@ -169,10 +226,10 @@ class TransformersExecutor(Executor):
         check_request(request, self.vocab_size, self.max_logits_bytes)
         if self.max_output_len is not None and request.max_tokens > self.max_output_len:
             raise RequestRejected(f"max_tokens={request.max_tokens} exceeds max_output_len={self.max_output_len}")
-        if length + request.max_tokens > self.runner.max_positions:
+        if length + request.max_tokens > self.max_positions:
             raise RequestRejected(
                 f"input length {length} + max_tokens {request.max_tokens} exceeds the model's "
-                f"{self.runner.max_positions} positions"
+                f"{self.max_positions} positions"
             )
         self.kv_budget.check_request(length, request.max_tokens)
         _check_range("temperature", request.temperature, 0.0, None)
@@ -208,9 +265,30 @@ def create(params: Params) -> Executor:
         "dtype", "float32" if device == "cpu" else "bfloat16", choices=("float32", "bfloat16", "float16")
     )
     threads = params.int("torch_threads", None, minimum=1)
+    max_num_tokens = params.int("max_num_tokens", DEFAULT_MAX_NUM_TOKENS, minimum=1)
+    kv_cache_memory_bytes = params.int("kv_cache_memory_bytes", None, minimum=1)
+    fraction = params.float("kv_cache_free_gpu_mem_fraction", DEFAULT_FREE_GPU_MEM_FRACTION, minimum=0.0, maximum=1.0)
+    max_batch_size = params.int("max_batch_size", DEFAULT_MAX_BATCH_SIZE, minimum=1)
+    stats_max_iterations = params.int("iter_stats_max_iterations", 1000, minimum=1)
+    if params.bool("engine_process", DEFAULT_ENGINE_PROCESS):
+        spec = EngineSpec(
+            model_dir=params.str("model_dir"), tokenizer_dir=params.str("tokenizer_dir"),
+            cache_dir=params.str("model_cache_dir"), device=device, dtype=dtype, torch_threads=threads,
+            max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, kv_cache_memory_bytes=kv_cache_memory_bytes,
+            kv_cache_free_gpu_mem_fraction=fraction, stats_max_iterations=stats_max_iterations,
+        )
+        executor = TransformersExecutor.in_worker_process(
+            spec,
+            tokenizer_dir=params.str("tokenizer_dir"),
+            max_input_len=params.int("max_input_len", None, minimum=1),
+            max_output_len=params.int("max_output_len", None, minimum=1),
+            max_queue_size=params.int("max_queue_size", None, minimum=1),
+        )
+        log.info("transformers executor: %s on %s (%s) in engine worker %d", executor.engine.info.source, device,
+                 dtype, executor.engine.info.pid)
+        return executor
     if threads is not None:
         torch.set_num_threads(threads)
-    max_num_tokens = params.int("max_num_tokens", DEFAULT_MAX_NUM_TOKENS, minimum=1)
     loaded = load_model(
         model_dir=params.str("model_dir"),
         tokenizer_dir=params.str("tokenizer_dir"),
@@ -219,20 +297,19 @@ def create(params: Params) -> Executor:
         cache_dir=params.str("model_cache_dir"),
     )
     log.info("transformers executor: %s on %s (%s)", loaded.source, device, dtype)
-    kv_cache_memory_bytes = params.int("kv_cache_memory_bytes", None, minimum=1)
+    if threads is None and device == "cpu":
+        FreeCoreThreads().start().attach(loaded.model)
     if kv_cache_memory_bytes is None:
-        fraction = params.float(
-            "kv_cache_free_gpu_mem_fraction", DEFAULT_FREE_GPU_MEM_FRACTION, minimum=0.0, maximum=1.0
-        )
         kv_cache_memory_bytes = default_kv_cache_bytes(next(loaded.model.parameters()).device, fraction)
     return TransformersExecutor(
         loaded.model,
         loaded.tokenizer,
-        max_batch_size=params.int("max_batch_size", DEFAULT_MAX_BATCH_SIZE, minimum=1),
+        max_batch_size=max_batch_size,
         max_num_tokens=max_num_tokens,
         max_input_len=params.int("max_input_len", None, minimum=1),
         max_output_len=params.int("max_output_len", None, minimum=1),
         max_queue_size=params.int("max_queue_size", None, minimum=1),
-        stats_max_iterations=params.int("iter_stats_max_iterations", 1000, minimum=1),
+        stats_max_iterations=stats_max_iterations,
         kv_cache_memory_bytes=kv_cache_memory_bytes,
+        enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
     )
