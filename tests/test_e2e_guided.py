@@ -1,0 +1,204 @@
+"""Structured output against a real tritonserver with the embedded SmolLM2 (issue 25): NVIDIA's guided decoding
+inputs through `tensorrt_llm` (token ids) and `ensemble` (text), and OpenAI's `response_format` and `tools` through
+the frontend with the official `openai` client. JSON is validated against its schema with `jsonschema`; a regex
+must match the whole output."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import openai
+import pytest
+from conftest import start_server
+from openai import OpenAI
+from openai_server import wait_for_frontend
+from triton_client import stream_once, text_inputs, token_inputs
+
+from trtllm_model.embedded.model_loading import load_tokenizer
+from trtllm_model.server import free_ports
+
+pytestmark = pytest.mark.e2e
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "population": {"type": "integer", "minimum": 0},
+                   "country": {"type": "string", "maxLength": 20}},
+    "required": ["city", "population", "country"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string", "maxLength": 24},
+                                      "unit": {"enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city", "unit"], "additionalProperties": False},
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"timezone": {"type": "string", "maxLength": 24}}, "required": ["timezone"],
+    "additionalProperties": False}}}
+PARIS = [{"role": "user", "content": "Give me facts about Paris as JSON."}]
+ASK_WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    (port,) = free_ports(1)
+    server = start_server(tmp_path_factory.mktemp("guided"), executor="transformers", openai_port=port)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        wait_for_frontend(base_url, server)
+    except Exception:
+        server.stop()
+        raise
+    yield server, base_url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return OpenAI(base_url=served[1], api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+def guide_inputs(guide_type: str, guide: str | None) -> dict:
+    extra = {"guided_decoding_guide_type": ([[guide_type.encode()]], np.object_)}
+    if guide is not None:
+        extra["guided_decoding_guide"] = ([[guide.encode()]], np.object_)
+    return extra
+
+
+def chat_ids(tokenizer, question: str) -> list[int]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+REGEX = r"[A-Z][a-z]{2,12}, [A-Z]{2}"
+GRAMMAR = 'root ::= "The answer is " ("yes" | "no") "."'
+GUIDES = {"json": None, "json_schema": json.dumps(CITY), "regex": REGEX, "ebnf_grammar": GRAMMAR}
+
+
+def assert_follows(guide_type: str, text: str) -> None:
+    if guide_type == "json":
+        json.loads(text)
+    elif guide_type == "json_schema":
+        jsonschema.validate(json.loads(text), CITY)
+    elif guide_type == "regex":
+        assert re.fullmatch(REGEX, text), text
+    else:
+        assert re.fullmatch(r"The answer is (yes|no)\.", text), text
+
+
+@pytest.mark.parametrize("guide_type", list(GUIDES))
+def test_nvidia_guide_inputs_through_tensorrt_llm_and_ensemble(served, tokenizer, guide_type):
+    server, _ = served
+    question = "Tell me about Paris, the capital of France."
+    guide = guide_inputs(guide_type, GUIDES[guide_type])
+    tokens = stream_once(server.grpc_url, "tensorrt_llm", token_inputs(
+        chat_ids(tokenizer, question), 96, end_id=(tokenizer.eos_token_id, np.int32),
+        return_finish_reason=(True, np.bool_), **guide), timeout_s=180)
+    assert not tokens.errors, tokens.errors
+    assert_follows(guide_type, tokenizer.decode(tokens.tokens()))
+    assert tokens.responses[-1].as_numpy("finish_reason").reshape(-1)[0] == b"end_id"  # the grammar ended it
+
+    text = stream_once(server.grpc_url, "ensemble", text_inputs(
+        question, 96, apply_chat_template=(True, np.bool_), **guide), timeout_s=180)
+    assert not text.errors, text.errors
+    assert_follows(guide_type, text.text())
+
+
+@pytest.mark.parametrize("model", ["tensorrt_llm", "ensemble"])
+def test_a_guide_that_does_not_compile_is_invalid_arg_with_the_compilers_message(served, tokenizer, model):
+    server, _ = served
+    guide = guide_inputs("json_schema", '{"type": "bogus"}')
+    inputs = (token_inputs([1, 2, 3], 4, **guide) if model == "tensorrt_llm"
+              else text_inputs("hi", 4, **guide))
+    result = stream_once(server.grpc_url, model, inputs)
+    assert len(result.errors) == 1 and result.finals == 1
+    assert result.errors[0].startswith("INVALID_ARG") or "INVALID_ARG: " in result.errors[0]
+    assert "guided_decoding_guide" in result.errors[0] and 'Unsupported type "bogus"' in result.errors[0]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_strict_json_schema_validates(client, stream):
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+    kwargs = {"model": "tensorrt_llm", "messages": PARIS, "max_tokens": 120, "response_format": response_format}
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **kwargs))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        completion = client.chat.completions.create(**kwargs)
+        text, finish = completion.choices[0].message.content, [completion.choices[0].finish_reason]
+    jsonschema.validate(json.loads(text), CITY)
+    assert finish == ["stop"]
+
+
+def test_openai_json_object_is_json(client):
+    messages = [{"role": "user", "content": "Tell me about Paris, the capital of France."}]
+    completion = client.chat.completions.create(model="tensorrt_llm", messages=messages, max_tokens=200,
+                                                response_format={"type": "json_object"})
+    assert completion.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(completion.choices[0].message.content), dict | list)
+
+
+def test_openai_bad_schema_is_400_with_the_compilers_message(client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tensorrt_llm", messages=PARIS, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}})
+    error = refused.value.body
+    assert error["param"] == "response_format" and 'Unsupported type "bogus"' in error["message"]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_openai_tool_choice_forcing_a_call_returns_a_call_whose_arguments_validate(client, tool_choice):
+    completion = client.chat.completions.create(model="tensorrt_llm", messages=ASK_WEATHER, max_tokens=80,
+                                                tools=[WEATHER, TIME], tool_choice=tool_choice)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    tool = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+    if tool_choice != "required":
+        assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+
+
+def test_openai_tool_calls_stream_as_openai_deltas(client):
+    chunks = list(client.chat.completions.create(model="tensorrt_llm", messages=ASK_WEATHER, max_tokens=80,
+                                                 tools=[WEATHER], tool_choice="required", stream=True))
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == "get_weather"
+    assert {d.index for d in deltas} == {0}
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_openai_auto_tools_answer_is_content_or_valid_calls_and_the_conversation_goes_on(client):
+    completion = client.chat.completions.create(model="tensorrt_llm", messages=ASK_WEATHER, max_tokens=80,
+                                                tools=[WEATHER])
+    message = completion.choices[0].message
+    for call in message.tool_calls or []:
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    assert message.tool_calls or message.content
+    # The client answers a call; the conversation with the call and its result goes back to the model.
+    follow_up = [*ASK_WEATHER,
+                 {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                     "name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+                 {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees and sunny"}]
+    answer = client.chat.completions.create(model="tensorrt_llm", messages=follow_up, max_tokens=24,
+                                            tools=[WEATHER], tool_choice="none")
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
