@@ -154,3 +154,67 @@ def test_one_bitmask_masks_only_the_guided_rows(loaded):
     allowed = torch.isfinite(logits[1]).nonzero().flatten().tolist()
     assert {loaded.tokenizer.decode([token]) for token in allowed} == set("0123456789")
     assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[2]).all()
+
+
+# -- TensorRT-LLM executors: the guide goes to TensorRT-LLM's GuidedDecodingParams (over the strict fakes) -------
+
+GUIDES = {"json": None, "json_schema": '{"type": "object"}', "regex": "[0-9]+", "ebnf_grammar": 'root ::= "a"',
+          "structural_tag": json.dumps(TOOL_TAG)}
+
+
+@pytest.fixture
+def fake_trtllm(monkeypatch):
+    import importlib
+
+    from trtllm_support import forget_tensorrt_llm, use_fake_tensorrt_llm
+
+    use_fake_tensorrt_llm(monkeypatch)
+    importlib.import_module("tensorrt_llm.bindings.executor")
+    importlib.import_module("tensorrt_llm.llmapi")
+    yield importlib.import_module("tensorrt_llm")
+    forget_tensorrt_llm()
+
+
+def test_every_guide_type_reaches_the_engine_executors_guided_decoding_params(fake_trtllm):
+    from trtllm_model.executors.trtllm_mapping import to_trt_request
+
+    tle = fake_trtllm.bindings.executor
+    for guide_type, guide in GUIDES.items():
+        trt = to_trt_request(tle, guided([1], guide_type, guide, max_tokens=4))
+        assert trt.guided_decoding_params.guide_type is tle.GuidedDecodingParams.GuideType[guide_type.upper()]
+        assert trt.guided_decoding_params.guide == guide
+
+
+def test_every_guide_type_reaches_the_llm_apis_guided_decoding_params(fake_trtllm, tmp_path):
+    from trtllm_support import collect_until_final, make_checkpoint_dir
+
+    from trtllm_model.executors import create_executor
+    from trtllm_model.executors.trtllm_llmapi_mapping import guided_decoding_kwargs
+
+    params_cls = fake_trtllm.llmapi.GuidedDecodingParams
+    expected = {"json": params_cls(json_object=True), "json_schema": params_cls(json='{"type": "object"}'),
+                "regex": params_cls(regex="[0-9]+"), "ebnf_grammar": params_cls(grammar='root ::= "a"'),
+                "structural_tag": params_cls(structural_tag=GUIDES["structural_tag"])}
+    for guide_type, guide in GUIDES.items():
+        assert guided_decoding_kwargs(guided([1], guide_type, guide), params_cls) == {
+            "guided_decoding": expected[guide_type]}
+    assert guided_decoding_kwargs(GenerationRequest([1], 4), params_cls) == {}
+
+    checkpoint = str(make_checkpoint_dir(tmp_path / "model", vocab_size=5000))
+    plain, _ = create_executor({"executor": "trtllm_llmapi", "hf_model_path": checkpoint})
+    try:
+        assert "guided_decoding" not in plain.optional_inputs  # the edge refuses the inputs as UNSUPPORTED
+        with pytest.raises(RequestRejected, match="guided_decoding_backend") as refused:
+            plain.enqueue(guided([1000], "regex", "[0-9]+", max_tokens=2))
+        assert refused.value.unsupported
+    finally:
+        plain.shutdown()
+    executor, _ = create_executor({"executor": "trtllm_llmapi", "hf_model_path": checkpoint,
+                                   "guided_decoding_backend": "xgrammar"})
+    try:
+        assert executor._llm.args.guided_decoding_backend == "xgrammar"
+        assert "guided_decoding" in executor.optional_inputs
+        steps = collect_until_final(executor, {executor.enqueue(guided([1000], "regex", "[0-9]+", max_tokens=2))})
+        assert steps[-1].is_final and steps[-1].error is None
+    finally:
+        executor.shutdown()

@@ -38,6 +38,7 @@ from .trtllm_llmapi_mapping import (
     ENGINE_ONLY_NVIDIA_PARAMETERS,
     LLMAPI_PARAMETERS,
     OutputState,
+    guided_decoding_kwargs,
     iteration_stats_from_json,
     kv_cache_kwargs,
     llm_kwargs,
@@ -62,9 +63,10 @@ class _Live:
 
 
 class LlmApiExecutor(Executor):
-    # LoRA here takes adapters by path (LoRARequest), not NVIDIA's weight tensors; guided decoding needs the LLM
-    # built with a guided-decoding backend: both UNSUPPORTED.
+    # LoRA here takes adapters by path (LoRARequest), not NVIDIA's weight tensors: UNSUPPORTED. Guided decoding is
+    # added where the LLM was built with a guided_decoding_backend (create()).
     optional_inputs = frozenset({"return_context_logits", "return_generation_logits"})
+    guided_decoding_params_cls: type | None = None  # tensorrt_llm.llmapi.GuidedDecodingParams, when enabled
     # NVIDIA's LLM API inputs this executor honours (conventions/llmapi.py).
     llmapi_features = frozenset({"lora_request", "logits_post_processor"})
 
@@ -89,6 +91,7 @@ class LlmApiExecutor(Executor):
         self._raise_if_unusable()
         check_request(request, self.vocab_size, self.max_logits_bytes)
         kwargs = sampling_kwargs(request, self.tokenizer(), float_tensor)
+        kwargs.update(guided_decoding_kwargs(request, self.guided_decoding_params_cls))
         if request.logits_post_processor is not None:
             if request.logits_post_processor not in self._processors:
                 raise RequestRejected(f"sampling_param_logits_post_processor_name={request.logits_post_processor!r}: "
@@ -266,7 +269,16 @@ def create(params: Params) -> LlmApiExecutor:
     executor = LlmApiExecutor(llm, tensorrt_llm.SamplingParams)
     executor.vocab_size = checkpoint_vocab_size(config)
     executor.build_limits = limits
+    _enable_guided_decoding(executor, llm)
     return executor
+
+
+def _enable_guided_decoding(executor: LlmApiExecutor, llm: Any) -> None:
+    """NVIDIA's guide inputs are taken only when the LLM was built with a guided-decoding backend."""
+    if getattr(llm.args, "guided_decoding_backend", None):
+        llmapi = import_tensorrt_llm("tensorrt_llm.llmapi", "trtllm_llmapi")
+        executor.guided_decoding_params_cls = llmapi.GuidedDecodingParams
+        executor.optional_inputs = LlmApiExecutor.optional_inputs | {"guided_decoding"}
 
 
 def create_from_model_yaml(config: Any, raw_params: dict[str, str]) -> tuple[LlmApiExecutor, Params]:
@@ -291,6 +303,7 @@ def create_from_model_yaml(config: Any, raw_params: dict[str, str]) -> tuple[Llm
     # A hub name (NVIDIA's default model.yaml) has no local config.json: only the LLM's own arguments bound it.
     executor.build_limits = (llm_build_limits(llm.args, checkpoint_json, checkpoint) if checkpoint_json else
                              BuildLimits(max_seq_len=getattr(llm.args, "max_seq_len", None), source=str(config.path)))
+    _enable_guided_decoding(executor, llm)
     return executor, params
 
 

@@ -70,6 +70,7 @@ def llm_kwargs(params: Params) -> dict[str, Any]:
             max_batch_size=params.int("max_batch_size", minimum=1),
             max_beam_width=params.int("max_beam_width", minimum=1),
             enable_chunked_prefill=params.bool("enable_chunked_context"),
+            guided_decoding_backend=params.str("guided_decoding_backend", choices=("xgrammar",)),
         ),
     )
 
@@ -134,6 +135,23 @@ def sampling_kwargs(
     elif request.num_return_sequences > 1:
         kwargs["n"] = request.num_return_sequences
     return kwargs
+
+
+# NVIDIA's guided_decoding_guide_type -> the field of the LLM API's GuidedDecodingParams that takes the guide.
+GUIDE_FIELDS = {"json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar", "structural_tag": "structural_tag"}
+
+
+def guided_decoding_kwargs(request: GenerationRequest, params_cls: type | None) -> dict[str, Any]:
+    """NVIDIA's guided_decoding_guide_type / guided_decoding_guide -> SamplingParams' `guided_decoding` keyword
+    (`tensorrt_llm.llmapi.GuidedDecodingParams`); nothing for an unguided request."""
+    if request.guided_decoding_type is None:
+        return {}
+    if params_cls is None:
+        raise RequestRejected("guided_decoding_guide_type: this LLM was built without guided_decoding_backend",
+                              unsupported=True)
+    if request.guided_decoding_type == "json":
+        return {"guided_decoding": params_cls(json_object=True)}
+    return {"guided_decoding": params_cls(**{GUIDE_FIELDS[request.guided_decoding_type]: request.guided_decoding_guide})}
 
 
 @dataclass

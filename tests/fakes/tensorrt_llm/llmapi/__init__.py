@@ -48,6 +48,17 @@ class KvCacheConfig:
 
 
 @dataclass(kw_only=True)
+class GuidedDecodingParams:
+    """As tensorrt_llm.llmapi.GuidedDecodingParams: keyword-only, one of the fields is the guide."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    structural_tag: str | None = None
+
+
+@dataclass(kw_only=True)
 class SamplingParams:
     max_tokens: int = 32
     end_id: int | None = None
@@ -78,6 +89,7 @@ class SamplingParams:
     return_generation_logits: bool = False
     embedding_bias: object = None
     logits_processor: object = None
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         if self.best_of is not None and self.best_of < self.n:
@@ -213,7 +225,7 @@ _LLM_ARGUMENTS = {
     "max_beam_width": 1, "kv_cache_config": None, "enable_chunked_prefill": False, "pipeline_parallel_size": 1,
     "gpus_per_node": None, "moe_expert_parallel_size": None, "enable_attention_dp": False, "cuda_graph_config": None,
     "disable_overlap_scheduler": False, "enable_iter_perf_stats": False, "return_perf_metrics": False,
-    "scheduler_config": None, "build_config": None,
+    "scheduler_config": None, "build_config": None, "guided_decoding_backend": None,
 }
 
 
@@ -376,4 +388,4 @@ class LLM:
         self.shutdown()
 
 
-__all__ = ["LLM", "CompletionOutput", "KvCacheConfig", "Logprob", "LoRARequest", "RequestError", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "GuidedDecodingParams", "KvCacheConfig", "Logprob", "LoRARequest", "RequestError", "RequestOutput", "SamplingParams"]
