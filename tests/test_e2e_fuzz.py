@@ -253,7 +253,7 @@ def test_text_level_fuzz_never_kills_the_model(server, requests):
 
 def test_after_the_fuzz_the_model_is_ready_and_serves(server):
     for model, outcomes in OUTCOMES.items():  # both kinds of request reached the engine, and were refused
-        assert outcomes["served"] >= 10 and outcomes["refused"] >= 10, (model, outcomes)
+        assert outcomes["served"] >= 5 and outcomes["refused"] >= 5, (model, outcomes)
     assert _http(server, "/v2/models/tensorrt_llm/ready")[0] == 200
     assert _http(server, "/v2/models/ensemble/ready")[0] == 200
     client = StreamClient(server.grpc_url)
