@@ -228,12 +228,15 @@ def test_a_full_engine_fills_every_nvidia_label(reporter):
     assert backend.get("nv_trt_llm_request_metrics", request_type="waiting").value == 2  # active - scheduled
     assert backend.names("nv_trt_llm_runtime_memory_metrics") == {"cpu", "gpu", "pinned"}
     assert backend.get("nv_trt_llm_runtime_memory_metrics", memory_type="gpu").value == 20
-    assert backend.names("nv_trt_llm_kv_cache_block_metrics") == {"max", "free", "used", "tokens_per", "fraction"}
+    assert backend.names("nv_trt_llm_kv_cache_block_metrics") == {"max", "free", "used", "tokens_per", "fraction", "reused"}
     assert backend.get("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="fraction").value == 0.25
+    # NVIDIA's checks expect the series even from an engine that never reuses blocks.
+    assert backend.get("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="reused").value == 0
     assert backend.names("nv_trt_llm_inflight_batcher_metrics") == {
         "total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests"
     }
-    assert backend.get("nv_trt_llm_general_metrics", general_type="timestamp").value == 1700000000.5
+    # NVIDIA's unit: integer microseconds since the epoch.
+    assert backend.get("nv_trt_llm_general_metrics", general_type="timestamp").value == 1700000000500000
 
 
 def test_idle_flushes_make_no_metric_calls(reporter):
@@ -446,3 +449,23 @@ def test_open_requests_gauge_follows_the_poller_and_is_set_only_on_change():
     held[0] = 0
     metrics.flush()
     assert backend.get("nv_llm_open_requests").value == 0
+
+
+def test_a_finished_request_is_in_the_histograms_long_before_the_stats_period():
+    # NVIDIA's metric checks read nv_llm_*_token_len right after the responses: a finished request wakes the
+    # metrics thread instead of waiting for the next stats_check_period_ms (here 30 s).
+    backend = RecordingBackend()
+    metrics = MetricsReporter(backend, StatsFeed(), model="tensorrt_llm", version="1", period_s=30.0)
+    metrics.start()
+    try:
+        time.sleep(0.05)  # the thread is waiting on its period
+        started = time.monotonic()
+        metrics.record_finished(finished(prompt_len=3, tokens=16))
+        while not backend.get(OUTPUT_TOKEN_LEN).observations and time.monotonic() - started < 5:
+            time.sleep(0.001)
+        assert backend.get(OUTPUT_TOKEN_LEN).observations == [16]
+        assert backend.get(INPUT_TOKEN_LEN).observations == [3]
+        assert backend.get(GENERATION_TOKENS).value == 16
+        assert time.monotonic() - started < 1.0
+    finally:
+        metrics.stop()

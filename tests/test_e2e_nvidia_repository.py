@@ -1,0 +1,164 @@
+"""NVIDIA's five-model repository against a real server: what NVIDIA's end_to_end_test.py sends to preprocessing,
+tensorrt_llm (with decoder_input_ids), postprocessing, ensemble and tensorrt_llm_bls; its metric checks read right
+after the responses; test_max_queue_size.py's burst. Served as `make serve DECOUPLED=false` serves (unary clients),
+with the embedded SmolLM2 (greedy: the three paths must give the same text)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+from conftest import start_server
+from prometheus_text import parse
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+MODELS = ("tensorrt_llm", "ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls")
+PROMPT = "The capital of France is Answer briefly."
+LABELS = {"model": "tensorrt_llm", "version": "1"}
+QUEUE = 2  # max_queue_size; with max_batch_size 1 the model holds 3 requests at most
+
+
+def inputs(arrays: dict[str, np.ndarray]) -> list[httpclient.InferInput]:
+    out = []
+    for name, array in arrays.items():
+        tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        out.append(tensor)
+    return out
+
+
+def text_request(prompt: str, max_tokens: int) -> list[httpclient.InferInput]:
+    # As end_to_end_test.py: [[prompt]], max_tokens, and empty bad/stop word lists.
+    return inputs({
+        "text_input": np.array([[prompt]], dtype=object),
+        "max_tokens": np.array([[max_tokens]], dtype=np.int32),
+        "bad_words": np.array([[""]], dtype=object),
+        "stop_words": np.array([[""]], dtype=object),
+    })
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    # A 30 s stats period: the per-request metrics must not wait for it.
+    server = start_server(
+        tmp_path_factory.mktemp("nvidia-repository"), executor="transformers", models=MODELS,
+        parameters={"stats_check_period_ms": "30000", "max_queue_size": str(QUEUE), "max_batch_size": "1"},
+        serve_args=["--decoupled", "false"],
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return httpclient.InferenceServerClient(server.http_url.removeprefix("http://"), concurrency=16, network_timeout=300)
+
+
+def three_models(client, prompt: str, max_tokens: int) -> np.ndarray:
+    pre = client.infer("preprocessing", inputs({
+        "QUERY": np.array([[prompt]], dtype=object),
+        "BAD_WORDS_DICT": np.array([[""]], dtype=object),
+        "STOP_WORDS_DICT": np.array([[""]], dtype=object),
+        "REQUEST_OUTPUT_LEN": np.array([[max_tokens]], dtype=np.int32),
+    }))
+    assert pre.as_numpy("INPUT_ID").dtype == np.int32 and pre.as_numpy("INPUT_ID").shape[0] == 1
+    assert pre.as_numpy("REQUEST_INPUT_LEN").tolist() == [[pre.as_numpy("INPUT_ID").shape[1]]]
+    assert pre.as_numpy("BAD_WORDS_IDS").shape == (1, 2, 1)  # [""]: no word, NVIDIA's padded shape
+    decoder_ids = pre.as_numpy("DECODER_INPUT_ID")
+    assert decoder_ids.tolist() == pre.as_numpy("OUT_PAD_ID").tolist()  # [[pad_id]]
+    llm = client.infer("tensorrt_llm", inputs({
+        "input_ids": pre.as_numpy("INPUT_ID"),
+        "decoder_input_ids": decoder_ids,  # refused as UNSUPPORTED before issue 23; ignored now
+        "input_lengths": pre.as_numpy("REQUEST_INPUT_LEN"),
+        "request_output_len": pre.as_numpy("REQUEST_OUTPUT_LEN"),
+        "end_id": pre.as_numpy("OUT_END_ID"),
+        "pad_id": pre.as_numpy("OUT_PAD_ID"),
+    }))
+    post = client.infer("postprocessing", inputs({
+        "TOKENS_BATCH": llm.as_numpy("output_ids").astype(np.int32),
+        "SEQUENCE_LENGTH": llm.as_numpy("sequence_length"),
+    }))
+    return post.as_numpy("OUTPUT")
+
+
+def test_the_three_models_the_ensemble_and_the_bls_give_the_same_text(client):
+    manual = three_models(client, PROMPT, 12)
+    ensemble = client.infer("ensemble", text_request(PROMPT, 12), outputs=[httpclient.InferRequestedOutput("text_output")])
+    bls = client.infer("tensorrt_llm_bls", text_request(PROMPT, 12), outputs=[httpclient.InferRequestedOutput("text_output")])
+    assert manual.shape == (1, 1) and manual[0][0]  # [batch, beams], not empty
+    assert manual == ensemble.as_numpy("text_output")  # end_to_end_test.py's own comparison
+    assert manual == bls.as_numpy("text_output")
+
+
+def test_preprocessing_word_lists_end_ids_and_refusals(client):
+    pre = client.infer("preprocessing", inputs({
+        "QUERY": np.array([["Hello"], ["Hello there, friend"]], dtype=object),
+        "REQUEST_OUTPUT_LEN": np.array([[4], [4]], dtype=np.int32),
+        "STOP_WORDS_DICT": np.array([["Paris", "."], ["", "London"]], dtype=object),
+        "END_ID": np.array([[7], [7]], dtype=np.int32),
+    }))
+    lengths = pre.as_numpy("REQUEST_INPUT_LEN")[:, 0]
+    ids = pre.as_numpy("INPUT_ID")
+    assert ids.shape == (2, max(lengths)) and lengths[0] < lengths[1]
+    assert (ids[0, lengths[0]:] == pre.as_numpy("OUT_PAD_ID")[0, 0]).all()  # padded with pad_id
+    assert pre.as_numpy("OUT_END_ID").tolist() == [[7], [7]]
+    stop = pre.as_numpy("STOP_WORDS_IDS")
+    assert stop.shape[:2] == (2, 2)
+    assert stop[1, 1].tolist().count(-1) == stop.shape[2] - 1  # one word ("" is skipped), offsets padded with -1
+    with pytest.raises(InferenceServerException, match="UNSUPPORTED: IMAGE_URL"):
+        client.infer("preprocessing", inputs({
+            "QUERY": np.array([["x"]], dtype=object), "REQUEST_OUTPUT_LEN": np.array([[4]], dtype=np.int32),
+            "IMAGE_URL": np.array([["http://127.0.0.1/x.png"]], dtype=object),
+        }))
+    with pytest.raises(InferenceServerException, match="INVALID_ARG: SEQUENCE_LENGTH"):
+        client.infer("postprocessing", inputs({
+            "TOKENS_BATCH": np.array([[[1, 2]]], dtype=np.int32), "SEQUENCE_LENGTH": np.array([[3]], dtype=np.int32),
+        }))
+
+
+def scrape(server) -> object:
+    return parse(requests.get(server.metrics_url, timeout=10).text)
+
+
+def test_metrics_are_in_nvidias_units_right_after_the_response(server, client):
+    before = scrape(server).value("nv_llm_output_token_len_count", response_metric_type="total_output_tokens", **LABELS)
+    client.infer("ensemble", text_request(PROMPT, 5))
+    received = time.monotonic()
+    while True:
+        metrics = scrape(server)
+        count = metrics.value("nv_llm_output_token_len_count", response_metric_type="total_output_tokens", **LABELS)
+        if count > before or time.monotonic() - received > 5:
+            break
+        time.sleep(0.005)
+    lag = time.monotonic() - received
+    assert count == before + 1
+    assert lag < 1.0, f"histogram recorded {lag:.3f} s after the response (stats period 30 s)"
+    stamp = metrics.value("nv_trt_llm_general_metrics", general_type="timestamp", **LABELS)
+    assert stamp == int(stamp) and abs(stamp / 1e6 - time.time()) < 120  # integer microseconds
+    assert metrics.value("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="reused", **LABELS) == 0
+
+
+def test_a_burst_past_the_queue_is_unavailable_with_tritons_wording(client):
+    # test_max_queue_size.py: many async requests at once; some must come back with the queue-size message.
+    ids = np.array([[1, 2, 3, 4, 5, 6, 7, 8]], dtype=np.int32)
+    burst = [client.async_infer("tensorrt_llm", inputs({
+        "input_ids": ids, "input_lengths": np.array([[8]], dtype=np.int32),
+        "request_output_len": np.array([[24]], dtype=np.int32),
+        "end_id": np.array([[-1]], dtype=np.int32), "pad_id": np.array([[2]], dtype=np.int32),
+    }), request_id="1") for _ in range(12)]
+    refused, served = [], 0
+    for future in burst:
+        try:
+            future.get_result()
+            served += 1
+        except InferenceServerException as exc:
+            refused.append(str(exc))
+    assert served >= 1 and refused
+    for message in refused:
+        assert "UNAVAILABLE" in message and "Exceeds maximum queue size" in message, message
+        # The executor's queue (max_queue_size 2) or the model's bound (max_batch_size 1 + max_queue_size 2).
+        assert re.search(r"Maximum queue size of [23] reached", message), message
