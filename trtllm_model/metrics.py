@@ -205,10 +205,13 @@ class MetricsReporter:
         period_s: float = 0.1,
         max_backlog: int = MAX_BACKLOG,
         open_requests: Callable[[], int] | None = None,
+        instance: str | None = None,
     ) -> None:
         self.backend = backend
         self.iteration_stats = iteration_stats
         self.labels = {"model": model, "version": version}
+        if instance is not None:  # one of several instances (instance_group count > 1): its series apart
+            self.labels["model_instance"] = instance
         self.period_s = period_s
         self.max_backlog = max_backlog
         self.open_requests = open_requests

@@ -22,8 +22,9 @@ import triton_python_backend_utils as pb_utils
 from .build_limits import request_limits
 from .conventions import llmapi
 from .conversion import InvalidInput, Limits, parameters_dict, parse_request, split_batch
-from .executors import create_executor
+from .executors import DEFAULT_EXECUTOR, create_executor
 from .executors.synthetic import SyntheticExecutor
+from .instances import instance_of, pinned_parameters
 from .metrics import MetricsReporter
 from .model_yaml import LlmApiConfig, embedded_parameters, model_yaml_path, read_model_yaml
 from .params import Params, parameters_from_model_config
@@ -59,6 +60,11 @@ class TritonPythonModel:
         yaml_path = model_yaml_path(Path(args["model_repository"]) / args["model_version"])
         self.llmapi = read_model_yaml(yaml_path) if yaml_path is not None else None
         raw_params = parameters_from_model_config(model_config)
+        # Each instance of instance_group runs this in its own stub: pin it to its GPUs before its engine starts.
+        self.instance = instance_of(args, model_config, raw_params)
+        executor_name = override or (self.llmapi.executor if self.llmapi else
+                                     Params(raw_params, accepted=raw_params.keys()).str("executor"))
+        raw_params = pinned_parameters(self.instance, executor_name or DEFAULT_EXECUTOR, raw_params)
         if self.llmapi is None:
             self.executor, params = create_executor(raw_params, override)
         else:
@@ -89,6 +95,7 @@ class TritonPythonModel:
             self.executor.iteration_stats,
             model=args["model_name"],
             version=args["model_version"],
+            instance=self.instance.label,
             period_s=params.int("stats_check_period_ms", 100, minimum=1) / 1000.0,
             open_requests=lambda: self.poller.open_requests,
         )
