@@ -85,7 +85,8 @@ def test_known_workload_gives_exact_counts_and_idle_gauges(server):
     assert request_gauges == {"active": 0, "scheduled": 0, "waiting": 0, "max": 64}
     assert idle.value("nv_llm_queued_requests", **LABELS) == 0
     assert idle.value("nv_trt_llm_general_metrics", general_type="iteration_counter", **LABELS) >= 16
-    assert abs(idle.value("nv_trt_llm_general_metrics", general_type="timestamp", **LABELS) - time.time()) < 60
+    stamp = idle.value("nv_trt_llm_general_metrics", general_type="timestamp", **LABELS)
+    assert stamp == int(stamp) and abs(stamp / 1e6 - time.time()) < 60  # NVIDIA's unit: integer microseconds
     # The synthetic executor has no memory, KV cache or batcher internals: those series don't exist.
     for family in ("nv_trt_llm_runtime_memory_metrics", "nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_inflight_batcher_metrics"):
         assert not idle.find(family), family
@@ -117,7 +118,7 @@ def test_trtllm_engine_fills_every_nvidia_family(tmp_path):
         expected = {
             "nv_trt_llm_request_metrics": ("request_type", {"active", "max", "scheduled", "context", "waiting"}),
             "nv_trt_llm_runtime_memory_metrics": ("memory_type", {"cpu", "gpu", "pinned"}),
-            "nv_trt_llm_kv_cache_block_metrics": ("kv_cache_block_type", {"max", "free", "used", "tokens_per", "fraction"}),
+            "nv_trt_llm_kv_cache_block_metrics": ("kv_cache_block_type", {"max", "free", "used", "tokens_per", "fraction", "reused"}),
             "nv_trt_llm_inflight_batcher_metrics": (
                 "inflight_batcher_specific_metric",
                 {"total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests"},
