@@ -24,9 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_model.detokenizer import apply_chat_template  # noqa: E402
+from trtllm_model.detokenizer import chat_prompt_ids  # noqa: E402
 from trtllm_model.embedded.model_loading import load_model  # noqa: E402
 from trtllm_model.executor_interface import GenerationRequest  # noqa: E402
+from trtllm_model.executors.engine_process import EngineSpec  # noqa: E402
 from trtllm_model.executors.transformers_executor import TransformersExecutor  # noqa: E402
 
 QUESTIONS = [
@@ -55,7 +56,7 @@ def chat_prompts(tokenizer, count: int) -> list[list[int]]:
         question = QUESTIONS[i % len(QUESTIONS)]
         if i >= len(QUESTIONS):
             question += " Answer as a pirate would." * (1 + i // len(QUESTIONS))
-        prompts.append(tokenizer.encode(apply_chat_template(tokenizer, question)))
+        prompts.append(chat_prompt_ids(tokenizer, [{"role": "user", "content": question}]))
     return prompts
 
 
@@ -136,6 +137,8 @@ def main() -> None:
                              "default: --prompts)")
     parser.add_argument("--skip-sequential", action="store_true", help="skip the one-at-a-time generate baseline")
     parser.add_argument("--results-dir", default=None, help="also write engine-<time>.json there")
+    parser.add_argument("--engine-process", action="store_true",
+                        help="the executor's engine in a worker process of its own (config engine_process=true)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     levels = [int(level) for level in args.levels.split(",") if level]
@@ -156,7 +159,12 @@ def main() -> None:
     with torch.inference_mode():
         warm = torch.tensor([all_prompts[0]], device=model.device)
         model.generate(warm, max_new_tokens=2, do_sample=False, pad_token_id=pad_id)
-        executor = TransformersExecutor(model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192)
+        if args.engine_process:
+            spec = EngineSpec(device=args.device, dtype=dtype, torch_threads=args.threads,
+                              max_batch_size=max(levels), max_num_tokens=8192)
+            executor = TransformersExecutor.in_worker_process(spec)
+        else:
+            executor = TransformersExecutor(model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192)
         try:
             run_executor(executor, all_prompts[: max(levels)], 4, max(levels))  # warm-up (allocations, graphs)
             for level in levels:

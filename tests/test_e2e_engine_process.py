@@ -1,0 +1,73 @@
+"""End to end: the transformers executor's engine in its worker process (the default, `engine_process`), behind a
+real tritonserver. A SIGKILL of the worker mid-stream takes the executor-death path: every open stream, token- and
+text-level, ends with one UNAVAILABLE final and the model reports not ready; the worker never outlives the server."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+from conftest import start_server
+from triton_client import StreamClient, stream_once, text_inputs, token_inputs
+
+pytestmark = pytest.mark.e2e
+
+WORKER_MODULE = "trtllm_model.executors.engine_process"
+
+
+def engine_workers(server) -> list[psutil.Process]:
+    return [process for process in psutil.Process(server.process.pid).children(recursive=True)
+            if WORKER_MODULE in " ".join(process.cmdline())]
+
+
+def test_killing_the_engine_worker_mid_stream_ends_every_stream_unavailable_and_the_model_not_ready(tmp_path):
+    server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "4"})
+    try:
+        (worker,) = engine_workers(server)
+        client = StreamClient(server.grpc_url)
+        streams = [
+            client.send("tensorrt_llm", token_inputs([1, 504, 3575 + i], 4000, min_tokens=(4000, np.int32)), f"t{i}")
+            for i in range(2)
+        ]
+        streams.append(client.send("ensemble", text_inputs("Tell me a long story.", 4000,
+                                                           min_tokens=(4000, np.int32)), "text"))
+        deadline = time.monotonic() + 120
+        while not all(stream.responses for stream in streams):
+            assert time.monotonic() < deadline, "the streams never started"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        for stream in streams:
+            assert stream.done.wait(max(0.0, killed_at + 5.0 - time.monotonic())), "a stream was left hanging"
+            assert stream.finals == 1 and len(stream.errors) == 1
+            assert stream.errors[0].startswith("UNAVAILABLE"), stream.errors
+        for stream in streams[:2]:  # the ensemble says only that tensorrt_llm ended its request
+            assert "executor failed" in stream.errors[0] and "engine worker exited (killed by SIGKILL)" in \
+                stream.errors[0], stream.errors
+        grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+        deadline = time.monotonic() + 10
+        while grpc_client.is_model_ready("tensorrt_llm"):
+            assert time.monotonic() < deadline, "model still reports ready with a dead engine worker"
+            time.sleep(0.1)
+        late = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 504], 3))
+        assert late.errors and ("UNAVAILABLE" in late.errors[0] or "no available versions" in late.errors[0])
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_the_worker_serves_and_ends_with_the_server(tmp_path):
+    server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "2"})
+    try:
+        (worker,) = engine_workers(server)
+        result = stream_once(server.grpc_url, "ensemble", text_inputs("What is the capital of France?", 16,
+                                                                      apply_chat_template=(True, np.bool_)),
+                             timeout_s=120)
+        assert result.errors == [] and result.finals == 1 and "Paris" in result.text()
+    finally:
+        server.stop()
+    worker.wait(10)  # raises psutil.TimeoutExpired while the worker outlives the server

@@ -1,0 +1,239 @@
+"""The embedded engine in a worker process (executors/engine_process.py): the message format, and everything the
+executor interface promises across the process boundary (ids, tokens, logits, cancellation, stats, rejections,
+death of the worker, the worker dying with its parent). One worker (SmolLM2) serves the module's tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from trtllm_model.embedded.cpu_share import busy_jiffies, threads_for
+from trtllm_model.executor_interface import (
+    ExecutorError,
+    FinishReason,
+    GenerationRequest,
+    IterationStats,
+    KvCacheStats,
+    QueueFull,
+    RequestRejected,
+    Step,
+)
+from trtllm_model.executors.engine_process import EngineProcess, decode, encode
+from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
+from trtllm_model.params import Params
+
+PROMPT = "What is the capital of France?"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def new_process_executor(**parameters: str) -> TransformersExecutor:
+    raw = {"engine_process": "true", "max_batch_size": "4", "max_num_tokens": "256", **parameters}
+    executor = create(Params(raw, PARAMETERS))
+    assert isinstance(executor.engine, EngineProcess)
+    return executor
+
+
+@pytest.fixture(scope="module")
+def executor():
+    executor = new_process_executor(max_queue_size="2")
+    yield executor
+    executor.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prompt(executor):
+    tokenizer = executor.tokenizer()
+    messages = [{"role": "user", "content": PROMPT}]
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+
+def run(executor, request_id: int, timeout_s: float = 120.0) -> list[Step]:
+    steps, deadline = [], time.monotonic() + timeout_s
+    while not any(step.is_final for step in steps):
+        assert time.monotonic() < deadline, "no final step"
+        steps += [step for step in executor.await_steps(1.0) if step.request_id == request_id]
+    return steps
+
+
+# -- the message format ---------------------------------------------------------------------------------------------
+def test_a_steps_message_round_trips_with_logits_as_out_of_band_frames():
+    logits = np.random.default_rng(1).standard_normal((1, 3, 49152), dtype=np.float32)
+    steps = [
+        Step(7, [11, 12, 13], log_probs=[-0.5, -1.0, -0.25], cum_log_prob=-1.75, generation_logits=logits),
+        Step(8, is_final=True, finish_reason=FinishReason.ERROR, error="decode failed: boom"),
+    ]
+    stats = [IterationStats(1.5, 3, 2, 0, 4, kv_cache=KvCacheStats(100, 60, 40, 1))]
+    frames = encode(("steps", steps, stats, 0, 2))
+    assert len(frames) == 2 and len(frames[0]) < 700  # logits beside the pickle; fields without their names
+    kind, got, got_stats, queued, seen = decode(frames)
+    assert (kind, queued, seen) == ("steps", 0, 2)
+    assert got[0].token_ids == [11, 12, 13] and got[0].log_probs == [-0.5, -1.0, -0.25]
+    assert np.array_equal(got[0].generation_logits, logits) and got[0].generation_logits.dtype == np.float32
+    assert got[1].is_final and got[1].finish_reason is FinishReason.ERROR and got[1].error == "decode failed: boom"
+    assert got_stats == stats
+
+
+# -- point 3: threads for the free cores ----------------------------------------------------------------------------
+def test_busy_jiffies_counts_only_the_given_cpus_without_idle_and_iowait():
+    stat = "cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 10 1 5 100 7 1 1 0 0 0\ncpu1 20 0 0 50 0 0 0 3 0 0\nintr 5\n"
+    assert busy_jiffies({0}, stat) == 18 and busy_jiffies({0, 1}, stat) == 41
+
+
+@pytest.mark.parametrize(("cores", "elsewhere", "threads"), [(2, 0.0, 2), (2, 0.5, 2), (2, 1.0, 1), (2, 2.0, 1),
+                                                              (16, 3.9, 12), (1, 0.0, 1)])
+def test_threads_leave_out_the_cores_other_processes_keep_busy(cores, elsewhere, threads):
+    assert threads_for(cores, elsewhere) == threads
+
+
+# -- across the boundary --------------------------------------------------------------------------------------------
+def test_greedy_tokens_and_logits_are_the_same_as_with_the_engine_on_a_thread(executor, prompt):
+    torch.set_num_threads(2)
+    from trtllm_model.embedded.model_loading import load_model
+
+    loaded = load_model()
+    local = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=4, max_num_tokens=256)
+    try:
+        request = GenerationRequest(input_ids=prompt, max_tokens=6, return_context_logits=True,
+                                    return_generation_logits=True, return_log_probs=True)
+        remote_steps = run(executor, executor.enqueue(request))
+        local_steps = run(local, local.enqueue(request))
+    finally:
+        local.shutdown()
+    tokens = [token for step in remote_steps for token in step.token_ids]
+    assert tokens == [token for step in local_steps for token in step.token_ids] and len(tokens) == 6
+    assert "Paris" in executor.tokenizer().decode(tokens)
+    context = next(step.context_logits for step in remote_steps if step.context_logits is not None)
+    generation = np.concatenate([s.generation_logits for s in remote_steps if s.generation_logits is not None], axis=1)
+    assert context.shape == (len(prompt), 49152) and generation.shape == (1, 6, 49152)
+    assert generation[0].argmax(axis=1).tolist() == tokens  # greedy: each token is its logits' argmax
+    local_context = next(step.context_logits for step in local_steps if step.context_logits is not None)
+    np.testing.assert_allclose(context, local_context, atol=1e-3)
+    assert remote_steps[-1].finish_reason is FinishReason.LENGTH
+    assert remote_steps[-1].cum_log_prob == pytest.approx(sum(p for s in remote_steps for p in s.log_probs))
+
+
+def test_cancel_ends_a_running_request_with_cancelled_and_the_stats_come_across(executor, prompt):
+    executor.iteration_stats()
+    request_id = executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=4000, min_tokens=4000))
+    steps, deadline = [], time.monotonic() + 60
+    while not any(step.token_ids for step in steps):
+        assert time.monotonic() < deadline
+        steps += [step for step in executor.await_steps(1.0) if step.request_id == request_id]
+    cancelled_at = time.monotonic()
+    executor.cancel(request_id)
+    steps += run(executor, request_id, timeout_s=10)
+    assert time.monotonic() - cancelled_at < 5
+    assert [step.is_final for step in steps].count(True) == 1 and steps[-1].finish_reason is FinishReason.CANCELLED
+    stats = executor.iteration_stats()
+    assert stats and max(s.active_requests for s in stats) == 1 and stats[0].max_active_requests == 4
+    assert all(s.kv_cache is not None and s.kv_cache.max_blocks > 0 for s in stats)
+    assert [s.iteration for s in stats] == sorted(s.iteration for s in stats)
+
+
+def test_bad_requests_are_refused_at_enqueue_in_the_stub(executor, prompt):
+    with pytest.raises(RequestRejected, match="max_num_tokens=256"):
+        executor.enqueue(GenerationRequest(input_ids=[1] * 300, max_tokens=2))
+    with pytest.raises(RequestRejected, match="beam_width=2") as refused:
+        executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=2, beam_width=2))
+    assert refused.value.unsupported
+    with pytest.raises(RequestRejected, match="49152"):
+        executor.enqueue(GenerationRequest(input_ids=[1, 49152], max_tokens=2))
+    with pytest.raises(RequestRejected, match="8192 positions"):
+        executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=8190))
+    with pytest.raises(RequestRejected, match="top_p"):
+        executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=2, top_p=1.5))
+    # The engine still serves.
+    assert run(executor, executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=2)))[-1].is_final
+
+
+def test_the_queue_bound_counts_requests_waiting_in_the_worker(executor, prompt):
+    long = GenerationRequest(input_ids=prompt, max_tokens=4000, min_tokens=4000)
+    running = []
+    for _ in range(2):  # max_batch_size 4: these run; two at a time, as the queue holds two until admitted
+        pair = {executor.enqueue(long), executor.enqueue(long)}
+        running += pair
+        started, deadline = set(), time.monotonic() + 120
+        while started != pair:  # their first tokens: admitted, and the worker has reported its queue since
+            assert time.monotonic() < deadline
+            started |= {step.request_id for step in executor.await_steps(0.1)}
+    waiting = [executor.enqueue(long) for _ in range(2)]  # max_queue_size 2: these wait
+    with pytest.raises(QueueFull):
+        executor.enqueue(long)
+    for request_id in running + waiting:
+        executor.cancel(request_id)
+    ended, deadline = set(), time.monotonic() + 30
+    while len(ended) < 6:
+        assert time.monotonic() < deadline
+        ended |= {step.request_id for step in executor.await_steps(1.0) if step.is_final}
+    assert ended == set(running + waiting)
+
+
+def test_a_killed_worker_fails_await_and_enqueue_and_reports_why():
+    executor = new_process_executor()
+    try:
+        prompt = executor.tokenizer().encode("Tell me a long story.")
+        request_id = executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=4000, min_tokens=4000))
+        steps, deadline = [], time.monotonic() + 60
+        while not steps:
+            assert time.monotonic() < deadline
+            steps = [step for step in executor.await_steps(1.0) if step.request_id == request_id]
+        os.kill(executor.engine.process.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        with pytest.raises(ExecutorError, match="engine worker exited \\(killed by SIGKILL\\)"):
+            while time.monotonic() - killed_at < 5:
+                executor.await_steps(0.1)
+        assert time.monotonic() - killed_at < 2
+        assert "killed by SIGKILL" in executor.health_error()
+        with pytest.raises(ExecutorError, match="SIGKILL"):
+            executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=2))
+        executor.cancel(request_id)  # quiet on a dead worker
+    finally:
+        executor.shutdown()
+        executor.shutdown()  # idempotent
+
+
+def test_after_shutdown_await_is_quiet_and_enqueue_fails():
+    executor = new_process_executor()
+    executor.shutdown()
+    assert executor.engine.process.poll() == 0  # the worker exited by itself
+    assert executor.await_steps(0.01) == [] and executor.health_error() is None
+    with pytest.raises(ExecutorError, match="shut down"):
+        executor.enqueue(GenerationRequest(input_ids=[1, 2], max_tokens=2))
+
+
+def test_the_worker_exits_when_its_parent_is_killed(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path[:0] = [{ROOT!r}, {ROOT + "/tests"!r}]
+        from test_engine_process import new_process_executor
+        executor = new_process_executor()
+        print(executor.engine.process.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        worker_pid = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(worker_pid):
+            assert time.monotonic() < deadline, "the worker outlived its parent"
+            time.sleep(0.1)
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
