@@ -21,9 +21,7 @@ DEFAULT_ENSEMBLE = PACKAGE_ROOT / "model_repository" / "ensemble"
 LLMAPI_REPOSITORY = PACKAGE_ROOT / "model_repository_llmapi"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MODEL_NAME = "tensorrt_llm"
-# Models of NVIDIA's inflight-batcher repository written next to tensorrt_llm, and those of them that answer each
-# request with one response whatever tensorrt_llm's policy.
-PIPELINE_MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls")
+# NVIDIA's models that answer each request with one response whatever tensorrt_llm's policy.
 ONE_RESPONSE_MODELS = ("preprocessing", "postprocessing")
 MODEL_PY = (
     "# Thin entry point: Triton loads this file; the model lives in the trtllm_model package.\n"
