@@ -202,3 +202,43 @@ def test_openai_auto_tools_answer_is_content_or_valid_calls_and_the_conversation
     answer = client.chat.completions.create(model="tensorrt_llm", messages=follow_up, max_tokens=24,
                                             tools=[WEATHER], tool_choice="none")
     assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+
+
+# -- the parameters benchmark clients send (issue 25.3) --------------------------------------------------------------
+
+def test_ignore_eos_generates_max_tokens_and_min_tokens_holds_the_end_back(client):
+    """A greedy answer to 'hi' ends after a few tokens; with ignore_eos it runs to max_tokens (guidellm's
+    fixed-length runs), with min_tokens at least that far."""
+    hi = [{"role": "user", "content": "hi"}]
+    free = client.chat.completions.create(model="tensorrt_llm", messages=hi, max_tokens=160, temperature=0)
+    assert free.usage.completion_tokens < 100 and free.choices[0].finish_reason == "stop"
+    fixed = client.chat.completions.create(model="tensorrt_llm", messages=hi, max_tokens=160, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert fixed.usage.completion_tokens == 160 and fixed.choices[0].finish_reason == "length"
+    floor = client.chat.completions.create(model="tensorrt_llm", messages=hi, max_tokens=160, temperature=0,
+                                           extra_body={"min_tokens": 100})
+    assert floor.usage.completion_tokens >= 100
+
+
+def test_top_p_0_is_accepted_as_greedy(client):
+    kwargs = {"model": "tensorrt_llm", "messages": PARIS, "max_tokens": 12}
+    greedy = client.chat.completions.create(temperature=0, **kwargs).choices[0].message.content
+    assert client.chat.completions.create(top_p=0, temperature=0.9, **kwargs).choices[0].message.content == greedy
+
+
+def test_at_most_four_stop_strings(client):
+    client.chat.completions.create(model="tensorrt_llm", messages=PARIS, max_tokens=4, stop=["a", "b", "c", "d"])
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tensorrt_llm", messages=PARIS, max_tokens=4,
+                                       stop=["a", "b", "c", "d", "e"])
+    assert refused.value.body["param"] == "stop"
+
+
+def test_an_over_long_prompt_is_context_length_exceeded(client):
+    """Over the engine's max_num_tokens (2048 tokens of prompt); the other engines' words for it are mapped too
+    (tests/test_openai_frontend.py)."""
+    messages = [{"role": "user", "content": "word " * 2500}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tensorrt_llm", messages=messages, max_tokens=16)
+    assert refused.value.code == "context_length_exceeded", refused.value.message
+    assert refused.value.body["param"] == "messages"
