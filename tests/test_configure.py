@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import tritonclient.http as httpclient
 from conftest import start_server
+from test_e2e_nvidia_repository import PROMPT, text_request, three_models
 from triton_client import stream_once, token_inputs
 from trtllm_support import FAKES_DIR, fake_tokens, make_checkpoint_dir, make_engine_dir
 
 from trtllm_model.configure import DEFAULT_TEMPLATES, main, render
+from trtllm_model.embedded.model_loading import default_cache_dir, dequantised_checkpoint, embedded_gguf_path
 from trtllm_model.params import ConfigError, parameters_from_model_config
 from trtllm_model.server import DEFAULT_REPOSITORY
 
@@ -43,10 +46,44 @@ def test_decoupled_flag_sets_both_models_policy(tmp_path):
     base = ["--executor", "trtllm_engine", "--set", f"gpt_model_path={engine_dir}"]
     assert main([*base, "--output", str(tmp_path / "default")]) == 0
     assert main([*base, "--output", str(tmp_path / "unary"), "--decoupled", "false"]) == 0
-    for model in ("tensorrt_llm", "ensemble"):
+    for model in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls"):
         assert "{ decoupled: true }" in (tmp_path / "default" / model / "config.pbtxt").read_text()
         assert "{ decoupled: false }" in (tmp_path / "unary" / model / "config.pbtxt").read_text()
     assert main([*base, "--output", str(tmp_path / "x"), "--decoupled", "false", "--set", "decoupled_mode=true"]) == 2
+
+
+def test_the_text_models_get_nvidias_parameters_and_tokenizer_dir_fills_all_three(tmp_path, capsys):
+    engine_dir = make_engine_dir(tmp_path / "engine")
+    assert main(["--executor", "trtllm_engine", "--output", str(tmp_path / "repo"), "--set", f"gpt_model_path={engine_dir}",
+                 "--set", "tokenizer_dir=/hf/tok", "--set", "add_special_tokens=false", "--set", "skip_special_tokens=false",
+                 "--set", "accumulate_tokens=true", "--set", "triton_max_batch_size=8",
+                 "--set", "postprocessing_instance_count=2"]) == 0
+    assert "models: ensemble, postprocessing, preprocessing, tensorrt_llm, tensorrt_llm_bls" in capsys.readouterr().out
+    configs = {model: (tmp_path / "repo" / model / "config.pbtxt").read_text()
+               for model in ("tensorrt_llm", "preprocessing", "postprocessing", "tensorrt_llm_bls")}
+    for model, text in configs.items():
+        assert "${" not in text.split("name:")[1] and "max_batch_size: 8\n" in text, model
+        assert (tmp_path / "repo" / model / "1" / "model.py").read_text() == (
+            DEFAULT_REPOSITORY / model / "1" / "model.py").read_text()
+    for model in ("tensorrt_llm", "preprocessing", "postprocessing"):
+        assert parameters_of(configs[model])["tokenizer_dir"] == "/hf/tok", model
+    assert parameters_of(configs["preprocessing"])["add_special_tokens"] == "false"
+    assert parameters_of(configs["postprocessing"])["skip_special_tokens"] == "false"
+    assert "count: 2," in configs["postprocessing"] and "count: 1," in configs["preprocessing"]
+    bls = parameters_of(configs["tensorrt_llm_bls"])
+    assert bls["accumulate_tokens"] == "true" and bls["tensorrt_llm_model_name"] == ""  # unset: tensorrt_llm
+    # A text model's key is checked like tensorrt_llm's: a typo fails here, not at load.
+    assert main(["--executor", "trtllm_engine", "--output", str(tmp_path / "bad"), "--set", f"gpt_model_path={engine_dir}",
+                 "--set", "accumulate_tokens=yes please"]) == 2
+    assert "accumulate_tokens" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_without_a_tokenizer_the_engine_repository_leaves_out_pre_and_postprocessing(tmp_path, capsys):
+    engine_dir = make_engine_dir(tmp_path / "engine")
+    assert main(["--executor", "trtllm_engine", "--output", str(tmp_path / "repo"),
+                 "--set", f"gpt_model_path={engine_dir}"]) == 0
+    assert "left out preprocessing and postprocessing" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["ensemble", "tensorrt_llm", "tensorrt_llm_bls"]
 
 
 def test_render_fills_given_keys_defaults_and_leaves_the_rest_unset():
@@ -128,14 +165,46 @@ def test_configured_engine_repository_loads_and_streams(tmp_path):
 def test_configured_llmapi_repository_with_ensemble_loads_and_streams(tmp_path):
     checkpoint = make_checkpoint_dir(tmp_path / "checkpoint")
     repository = tmp_path / "repo"
-    assert main(["--executor", "trtllm_llmapi", "--output", str(repository),
+    # The fake checkpoint has no tokenizer files: preprocessing and postprocessing get SmolLM2's.
+    assert main(["--executor", "trtllm_llmapi", "--output", str(repository), "--set", f"tokenizer_dir={smollm2()}",
                  "--set", f"hf_model_path={checkpoint}", "--set", "enable_kv_cache_reuse=true"]) == 0
     install_fake(repository)
     server = start_server(tmp_path / "server", executor=None, repository=repository, env={"FAKE_TRTLLM_STEP_MS": "2"})
     try:
         result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1000], 5))
         assert result.errors == [] and result.tokens() == fake_tokens([1000], 5) and result.finals == 1
-        assert "trtllm-triton: ready. models: ensemble, tensorrt_llm\n" in server.log()
+        assert ("trtllm-triton: ready. models: ensemble, postprocessing, preprocessing, tensorrt_llm, "
+                "tensorrt_llm_bls\n") in server.log()
         assert "POST /v2/models/ensemble/generate_stream" in server.log()
+    finally:
+        server.stop()
+
+
+def smollm2() -> Path:
+    """The embedded SmolLM2 as a Hugging Face checkpoint directory (its tokenizer files included)."""
+    return dequantised_checkpoint(embedded_gguf_path(), default_cache_dir())
+
+
+@pytest.mark.e2e
+def test_configured_repository_serves_nvidias_five_models(tmp_path):
+    # What NVIDIA's end_to_end_test.py does against a repository that `configure` wrote: the three-model chain,
+    # ensemble and tensorrt_llm_bls give the same text (the fake engine is deterministic).
+    engine_dir = make_engine_dir(tmp_path / "engine")
+    repository = tmp_path / "repo"
+    assert main(["--executor", "trtllm_engine", "--output", str(repository), "--decoupled", "false",
+                 "--set", f"gpt_model_path={engine_dir}", "--set", f"tokenizer_dir={smollm2()}",
+                 "--set", "skip_special_tokens=true", "--set", "accumulate_tokens=false"]) == 0
+    install_fake(repository)
+    server = start_server(tmp_path / "server", executor=None, repository=repository, env={"FAKE_TRTLLM_STEP_MS": "2"})
+    try:
+        assert ("trtllm-triton: ready. models: ensemble, postprocessing, preprocessing, tensorrt_llm, "
+                "tensorrt_llm_bls\n") in server.log()
+        client = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"), network_timeout=120)
+        manual = three_models(client, PROMPT, 8)
+        wanted = [httpclient.InferRequestedOutput("text_output")]
+        ensemble = client.infer("ensemble", text_request(PROMPT, 8), outputs=wanted).as_numpy("text_output")
+        bls = client.infer("tensorrt_llm_bls", text_request(PROMPT, 8), outputs=wanted).as_numpy("text_output")
+        assert manual.shape == (1, 1) and manual[0][0]
+        assert manual.reshape(-1).tolist() == ensemble.reshape(-1).tolist() == bls.reshape(-1).tolist()
     finally:
         server.stop()

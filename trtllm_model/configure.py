@@ -21,6 +21,10 @@ DEFAULT_ENSEMBLE = PACKAGE_ROOT / "model_repository" / "ensemble"
 LLMAPI_REPOSITORY = PACKAGE_ROOT / "model_repository_llmapi"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MODEL_NAME = "tensorrt_llm"
+# NVIDIA's text-level models beside tensorrt_llm, each from templates/<name>/config.pbtxt (the ensemble is copied).
+TEXT_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
+# They tokenize, so they need a tokenizer: the engine executor has one only with tokenizer_dir.
+TOKENIZER_MODELS = ("preprocessing", "postprocessing")
 # NVIDIA's models that answer each request with one response whatever tensorrt_llm's policy.
 ONE_RESPONSE_MODELS = ("preprocessing", "postprocessing")
 MODEL_PY = (
@@ -36,15 +40,20 @@ DEFAULTS = {
     "max_queue_delay_microseconds": "0",
     "exclude_input_in_output": "true",
     "decoupled_mode": "true",
+    "preprocessing_instance_count": "1",
+    "postprocessing_instance_count": "1",
+    "bls_instance_count": "1",
 }
 INT_KEYS = (
     "triton_max_batch_size", "max_queue_delay_microseconds", "max_queue_size", "max_beam_width",
     "max_tokens_in_paged_kv_cache", "sink_token_length", "kv_cache_host_memory_bytes", "iter_stats_max_iterations",
     "request_stats_max_iterations", "max_input_len", "max_output_len", "max_batch_size",
     "cancellation_check_period_ms", "stats_check_period_ms", "tensor_parallel_size", "pipeline_parallel_size",
+    "preprocessing_instance_count", "postprocessing_instance_count", "bls_instance_count",
 )
 BOOL_KEYS = ("enable_kv_cache_reuse", "enable_chunked_context", "kv_cache_onboard_blocks", "normalize_log_probs",
-             "exclude_input_in_output", "decoupled_mode")
+             "exclude_input_in_output", "decoupled_mode", "add_special_tokens", "skip_special_tokens",
+             "accumulate_tokens")
 DECOUPLED_LINE = re.compile(r"model_transaction_policy \{ decoupled: (true|false) \}")
 FRACTION_KEYS = ("kv_cache_free_gpu_mem_fraction", "gpu_weights_percent")
 INT_LIST_KEYS = ("max_attention_window_size", "gpu_device_ids", "participant_ids")
@@ -83,7 +92,13 @@ def check_values(values: dict[str, str]) -> None:
 
 def render(template: str, executor: str, values: dict[str, str]) -> str:
     """Fill the template's placeholders; unknown keys and unfilled required placeholders raise ConfigError."""
-    placeholders = set(PLACEHOLDER.findall(template))
+    return render_models({MODEL_NAME: template}, executor, values)[MODEL_NAME]
+
+
+def render_models(templates: dict[str, str], executor: str, values: dict[str, str]) -> dict[str, str]:
+    """Each model's config.pbtxt with its placeholders filled; a key fills every template that has it (NVIDIA's
+    tokenizer_dir: tensorrt_llm, preprocessing and postprocessing). A key that no template has is an error."""
+    placeholders = set().union(*(PLACEHOLDER.findall(text) for text in templates.values()))
     unknown = sorted(set(values) - placeholders)
     if unknown:
         raise ConfigError(f"unknown key(s) for --executor {executor}: {', '.join(unknown)} "
@@ -99,7 +114,7 @@ def render(template: str, executor: str, values: dict[str, str]) -> str:
     for key, value in filled.items():
         if '"' in value or "\n" in value or "\\" in value:
             raise ConfigError(f"--set {key}: quotes, backslashes and newlines are not allowed in a value")
-    return PLACEHOLDER.sub(lambda match: filled.get(match.group(1), ""), template)
+    return {name: PLACEHOLDER.sub(lambda match: filled.get(match.group(1), ""), text) for name, text in templates.items()}
 
 
 def with_decoupled(config_text: str, decoupled: bool) -> str:
@@ -132,21 +147,37 @@ def yaml_with_decoupled(text: str, decoupled: bool) -> str:
     return YAML_DECOUPLED_LINE.sub(lambda m: m.group(1) + ("true" if decoupled else "false"), text, count=1)
 
 
-def write_repository(output: Path, config_text: str, ensemble: Path | None, force: bool) -> None:
+def model_py(model: str) -> str:
+    """The thin 1/model.py of a model: the project repository's (they all import the package), else MODEL_PY."""
+    project = PACKAGE_ROOT / "model_repository" / model / "1" / "model.py"
+    return project.read_text() if project.is_file() else MODEL_PY
+
+
+def write_repository(output: Path, configs: dict[str, str], ensemble: Path | None, force: bool) -> None:
+    """Write each model's config.pbtxt and thin model.py (and a copy of `ensemble`) under `output`."""
     if output.exists() and any(output.iterdir()):
         if not force:
             raise ConfigError(f"--output {output}: not empty; choose an empty directory or pass --force")
         shutil.rmtree(output)
-    model_dir = output / MODEL_NAME
-    (model_dir / "1").mkdir(parents=True)
-    (model_dir / "config.pbtxt").write_text(config_text)
-    (model_dir / "1" / "model.py").write_text(MODEL_PY)
+    for model, text in configs.items():
+        (output / model / "1").mkdir(parents=True)
+        (output / model / "config.pbtxt").write_text(text)
+        (output / model / "1" / "model.py").write_text(MODEL_PY if model == MODEL_NAME else model_py(model))
+    config_text = configs[MODEL_NAME]
     if ensemble is not None:
         shutil.copytree(ensemble, output / "ensemble", ignore=shutil.ignore_patterns("__pycache__"))
         # The ensemble follows tensorrt_llm's policy (a streaming ensemble needs a decoupled tensorrt_llm).
         decoupled = DECOUPLED_LINE.search(config_text).group(1) == "true"
         ensemble_config = output / "ensemble" / "config.pbtxt"
         ensemble_config.write_text(with_decoupled(ensemble_config.read_text(), decoupled))
+
+
+def tokenizerless_models(configs: dict[str, str], executor: str, values: dict[str, str]) -> tuple[str, ...]:
+    """preprocessing/postprocessing when they would have no tokenizer (trtllm_engine without tokenizer_dir):
+    left out rather than written to fail at load."""
+    if executor != "trtllm_engine" or values.get("tokenizer_dir"):
+        return ()
+    return tuple(model for model in TOKENIZER_MODELS if model in configs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="same as --set decoupled_mode=...: false serves unary clients (one response per "
                              "request; streaming refused); default true")
     parser.add_argument("--templates", type=Path, default=DEFAULT_TEMPLATES, help="template directory")
-    parser.add_argument("--no-ensemble", action="store_true", help="leave out the text-level `ensemble` model")
+    parser.add_argument("--no-ensemble", action="store_true",
+                        help="tensorrt_llm only: leave out NVIDIA's text-level models (ensemble, preprocessing, "
+                             "postprocessing, tensorrt_llm_bls)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --output directory")
     parser.add_argument("--list-keys", action="store_true", help="print the template's keys and exit")
     return parser
@@ -208,14 +241,18 @@ def main(argv: list[str]) -> int:
     if "--layout" in argv and argv[argv.index("--layout") + 1 : argv.index("--layout") + 2] == ["llmapi"]:
         return llmapi_main(argv)
     args = build_parser().parse_args(argv)
-    template_path = args.templates / TEMPLATES[args.executor] / "config.pbtxt"
-    try:
-        template = template_path.read_text()
-    except OSError as exc:
-        print(f"trtllm-triton configure: cannot read template {template_path}: {exc}", file=sys.stderr)
-        return 2
+    paths = {MODEL_NAME: args.templates / TEMPLATES[args.executor] / "config.pbtxt"}
+    if not args.no_ensemble:
+        paths.update((model, args.templates / model / "config.pbtxt") for model in TEXT_MODELS)
+    templates = {}
+    for model, template_path in paths.items():
+        try:
+            templates[model] = template_path.read_text()
+        except OSError as exc:
+            print(f"trtllm-triton configure: cannot read template {template_path}: {exc}", file=sys.stderr)
+            return 2
     if args.list_keys:
-        for key in sorted(set(PLACEHOLDER.findall(template))):
+        for key in sorted(set().union(*(PLACEHOLDER.findall(text) for text in templates.values()))):
             flag = "required" if key in REQUIRED[args.executor] else f"default {DEFAULTS.get(key, '(unset)')}"
             print(f"{key}\t{flag}")
         return 0
@@ -224,12 +261,17 @@ def main(argv: list[str]) -> int:
         values = parse_assignments(args.assignments)
         if args.decoupled is not None and values.setdefault("decoupled_mode", args.decoupled) != args.decoupled:
             raise ConfigError("--decoupled and --set decoupled_mode disagree; give one of them")
-        config_text = render(template, args.executor, values)
-        write_repository(args.output, config_text, ensemble, args.force)
+        configs = render_models(templates, args.executor, values)
+        skipped = tokenizerless_models(configs, args.executor, values)
+        write_repository(args.output, {m: t for m, t in configs.items() if m not in skipped}, ensemble, args.force)
     except ConfigError as exc:
         print(f"trtllm-triton configure: {exc}", file=sys.stderr)
         return 2
-    print(f"trtllm-triton configure: wrote {args.output} (executor={args.executor}); "
+    if skipped:
+        print(f"trtllm-triton configure: left out {' and '.join(skipped)}: they tokenize, and --executor "
+              f"{args.executor} has no tokenizer without --set tokenizer_dir=...")
+    print(f"trtllm-triton configure: wrote {args.output} (executor={args.executor}; models: "
+          f"{', '.join(sorted(set(configs) - set(skipped) | ({'ensemble'} if ensemble else set())))}); "
           f"serve it with: trtllm-triton serve --model-repository {args.output}")
     return 0
 

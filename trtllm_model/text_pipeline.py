@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .executor_interface import Tokenizer
-from .params import Params
+from .params import ConfigError, Params
 from .server import EXECUTOR_OVERRIDE_ENV
 
 TARGET_MODEL = "tensorrt_llm"
@@ -58,6 +58,9 @@ def repository_tokenizer(own_parameters: Mapping[str, str], repository: Path) ->
     from .embedded.model_loading import load_tokenizer
 
     source = params.str("tokenizer_dir") or params.str("model_dir") or params.str("hf_model_path")
+    if not source and executor != "transformers":  # only the embedded engine has a tokenizer of its own
+        raise ConfigError(f"parameter tokenizer_dir: unset here and in {TARGET_MODEL} (executor {executor}); "
+                          "name the engine's Hugging Face tokenizer directory")
     return load_tokenizer(source or None, params.str("model_cache_dir") or None)
 
 
