@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from trtllm_model.embedded import engine as engine_module
-from trtllm_model.embedded.kv_budget import DEFAULT_CPU_KV_CACHE_BYTES, KvBudget
-from trtllm_model.embedded.kv_cache import BatchKVCache
+from trtllm_model.embedded.block_manager import BlockManager
+from trtllm_model.embedded.kv_budget import DEFAULT_CPU_KV_CACHE_BYTES
 from trtllm_model.embedded.model_loading import load_model
 from trtllm_model.embedded.runner import ModelRunner
 from trtllm_model.embedded.scheduler import Scheduler, SchedulerLimits
@@ -22,60 +22,57 @@ from trtllm_model.executor_interface import FinishReason, GenerationRequest, Req
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
 from trtllm_model.params import Params
 
-SLOT_BYTES = 100  # bytes per token slot in the scheduler tests
+BLOCK = 4  # tokens per block in the scheduler tests
 
 
-def sequence(request_id: int, prompt_len: int, max_tokens: int) -> Sequence:
-    request = GenerationRequest(input_ids=[1] * prompt_len, max_tokens=max_tokens)
-    return Sequence.from_request(request_id, request, vocab_size=100, default_end_id=None)
+def sequence(request_id: int, prompt_len: int, max_tokens: int, first_token: int = 1) -> Sequence:
+    request = GenerationRequest(input_ids=[first_token + i for i in range(prompt_len)], max_tokens=max_tokens)
+    return Sequence.from_request(request_id, request, vocab_size=1000, default_end_id=None)
 
 
-def scheduler(max_slots: int, max_batch_size: int = 8, max_num_tokens: int = 1000) -> Scheduler:
-    return Scheduler(SchedulerLimits(max_batch_size, max_num_tokens, KvBudget(max_slots * SLOT_BYTES, SLOT_BYTES)))
+def scheduler(num_blocks: int, max_batch_size: int = 8, max_num_tokens: int = 1000) -> Scheduler:
+    return Scheduler(SchedulerLimits(max_batch_size, max_num_tokens), BlockManager(num_blocks, BLOCK))
 
 
-def test_admission_holds_back_a_request_whose_growth_would_pass_the_budget():
-    """Rows x the longest prompt + max_tokens must fit: two 10+40 requests take 100 slots, a third waits."""
-    queue = scheduler(max_slots=100)
-    first, second, third = sequence(1, 10, 40), sequence(2, 10, 40), sequence(3, 5, 5)
+def test_admission_reserves_each_requests_own_life_in_blocks():
+    """A request reserves the blocks of its prompt + max_tokens: two of 10+30 (10 blocks each) fill 20 blocks, a
+    third waits until one ends. (The contiguous cache reserved rows x the longest life instead.)"""
+    queue = scheduler(num_blocks=22)
+    first, second, third = sequence(1, 10, 30), sequence(2, 10, 30, 100), sequence(3, 5, 7, 200)
     for each in (first, second, third):
         queue.add(each)
     running = queue.admit([])
-    assert running == [first, second]
-    assert queue.admit(running) == []  # 3 rows x 50 columns > 100, although the third is short
+    assert running == [first, second] and queue.blocks.free_blocks == 2
+    assert queue.admit(running) == []  # needs 3
+    queue.blocks.free(first.blocks)
     running.remove(first)
     assert queue.admit(running) == [third]
+    short = sequence(4, 2, 2, 300)  # 1 block beside a long one: fits where rows x longest would not
+    queue.add(short)
+    assert queue.admit(running) == [short]
 
 
 def test_a_long_request_holds_back_the_short_ones_behind_it_fifo():
-    """A long request that only fits alone waits for the batch to drain; the short ones behind it wait too."""
-    queue = scheduler(max_slots=100)
+    queue = scheduler(num_blocks=25)
     short = sequence(1, 5, 5)
-    assert queue.admit([]) == [] and (queue.add(short) or queue.admit([])) == [short]
-    long, later = sequence(2, 20, 80), sequence(3, 5, 5)
+    queue.add(short)
+    assert queue.admit([]) == [short]
+    long, later = sequence(2, 20, 80, 100), sequence(3, 5, 5, 200)
     queue.add(long)
     queue.add(later)
-    assert queue.admit([short]) == []  # 2 rows x 100 columns
+    assert queue.admit([short]) == []  # 25 blocks needed, 22 free; `later` would fit but waits its turn
+    queue.blocks.free(short.blocks)
     assert queue.admit([]) == [long]
-    assert queue.admit([long]) == []
 
 
-def test_the_cache_never_grows_past_the_budget_it_was_given():
-    """Growth doubles, but not past max_slots: 4 rows of up to 40 tokens in a 160-slot budget."""
-    from test_kv_cache import decode, expected, prefilled, real_tokens  # the KV-cache tests' labelled keys
-
-    cache = BatchKVCache(num_layers=2, num_kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"),
-                         max_slots=160)
-    buffers = [layer.keys.untyped_storage().data_ptr() for layer in cache.layers]
-    cache.append_rows(prefilled([1], [3]))
-    cache.append_rows(prefilled([2, 3, 4], [5, 7, 9]))
-    labels = [1, 2, 3, 4]
-    for _ in range(31):
-        decode(cache, labels)
-        rows, columns = cache.capacity
-        assert rows * columns <= 160
-    assert real_tokens(cache) == expected(labels, [34, 36, 38, 40])  # reshaped in place, every token kept
-    assert [layer.keys.untyped_storage().data_ptr() for layer in cache.layers] == buffers  # never a second buffer
+def test_a_cached_prefix_costs_no_prefill_tokens():
+    """max_num_tokens counts what the prefill computes: a prompt whose first 8 tokens are cached needs 4 of 12."""
+    queue = scheduler(num_blocks=20, max_num_tokens=5)
+    warm = sequence(1, 12, 1)
+    queue.blocks.register_full_blocks(queue.blocks.allocate(warm.token_ids, 12, 13), warm.token_ids, 12)
+    queue.add(sequence(2, 12, 1))
+    (again,) = queue.admit([])
+    assert again.num_computed == 8 and again.prefill_len == 4
 
 
 # -- with the model ---------------------------------------------------------------------------------------------
@@ -92,7 +89,7 @@ def new_executor(loaded, **limits) -> TransformersExecutor:
 
 
 def slots(loaded, count: int) -> int:
-    """The budget in bytes that holds `count` token slots of this model's cache."""
+    """The budget in bytes that holds `count` token slots of this model's cache (blocks of 16: count // 16 blocks)."""
     return count * ModelRunner(loaded.model).kv_bytes_per_token
 
 
@@ -123,24 +120,25 @@ def test_the_default_budget_and_the_parameter(loaded):
     assert "kv_cache_memory_bytes" in PARAMETERS
     configured = create(Params({"torch_threads": "2", "kv_cache_memory_bytes": "4608000"}, PARAMETERS))
     try:
-        assert configured.kv_budget.max_slots == 100
+        assert configured.kv_budget.num_blocks == 6 and configured.kv_budget.max_slots == 96  # 100 slots, whole blocks
     finally:
         configured.shutdown()
 
 
 def test_a_request_that_could_never_fit_is_refused_at_enqueue(loaded):
-    executor = new_executor(loaded, kv_cache_memory_bytes=slots(loaded, 100))
+    executor = new_executor(loaded, kv_cache_memory_bytes=slots(loaded, 100))  # 6 blocks of 16 tokens
     try:
         with pytest.raises(RequestRejected, match="kv_cache_memory_bytes") as error:
-            executor.enqueue(GenerationRequest(input_ids=[1, 2, 3], max_tokens=98))
-        assert not error.value.unsupported and "101" in str(error.value) and "100" in str(error.value)
-        executor.enqueue(GenerationRequest(input_ids=[1, 2, 3], max_tokens=97))  # exactly fits
+            executor.enqueue(GenerationRequest(input_ids=[1, 2, 3], max_tokens=94))
+        assert not error.value.unsupported and "needs 7 KV-cache blocks" in str(error.value)
+        assert "holds 6" in str(error.value)
+        executor.enqueue(GenerationRequest(input_ids=[1, 2, 3], max_tokens=93))  # exactly fits
     finally:
         executor.shutdown()
 
 
 def test_requests_beyond_the_budget_wait_and_all_complete(loaded):
-    """Budget 100 slots; each request lives to 3 + 30 tokens: three at once (99), the fourth waits for a row."""
+    """Budget 6 blocks; each request lives to 3 + 30 tokens (3 blocks): two at once, the others wait."""
     executor = new_executor(loaded, kv_cache_memory_bytes=slots(loaded, 100))
     try:
         requests = [GenerationRequest(input_ids=[1, 504, 3575 + i], max_tokens=30, min_tokens=30) for i in range(4)]
@@ -148,13 +146,12 @@ def test_requests_beyond_the_budget_wait_and_all_complete(loaded):
         assert [len(tokens_of(steps)) for steps in results] == [30] * 4
         assert all(steps[-1].finish_reason is FinishReason.LENGTH for steps in results)
         stats = executor.iteration_stats()
-        assert max(s.active_requests for s in stats) == 3
+        assert max(s.active_requests for s in stats) == 2
         assert max(s.queued_requests for s in stats) >= 1
-        assert {s.kv_cache.max_blocks for s in stats} == {100}
-        assert max(s.kv_cache.used_blocks for s in stats) == 99  # 3 rows x 33 reserved
-        assert all(s.kv_cache.free_blocks == 100 - s.kv_cache.used_blocks for s in stats)
-        rows, columns = executor.engine.cache.capacity
-        assert rows * columns <= 100
+        assert {s.kv_cache.max_blocks for s in stats} == {6} and {s.kv_cache.tokens_per_block for s in stats} == {16}
+        assert max(s.kv_cache.used_blocks for s in stats) == 6  # 2 requests x 3 blocks reserved
+        assert all(s.kv_cache.free_blocks == 6 - s.kv_cache.used_blocks for s in stats)
+        assert executor.runner.pool.num_blocks == 6 + 1  # the pool never grows: the budget + the trash block
     finally:
         executor.shutdown()
 
@@ -180,7 +177,7 @@ def test_a_slow_reader_gets_every_generation_logits_row(loaded):
         assert step.generation_logits.shape == (1, 5, engine.runner.vocab_size)
         assert [int(row.argmax()) for row in step.generation_logits[0]] == step.token_ids  # greedy
         assert step.context_logits.shape == (3, engine.runner.vocab_size)
-        assert step.kv_cache_alloc_total_blocks == 3 + 5
+        assert step.kv_cache_alloc_total_blocks == 1  # 3 + 4 positions written, one block of 16
     finally:
         executor.shutdown()
 
@@ -195,10 +192,10 @@ def test_a_failure_caused_by_one_request_fails_only_that_request(loaded, monkeyp
     if stage == "prefill":
         prefill = runner.prefill
 
-        def failing_prefill(prompts):
-            if any(BAD_TOKEN in prompt for prompt in prompts):
+        def failing_prefill(sequences):
+            if any(BAD_TOKEN in sequence.token_ids for sequence in sequences):
                 raise RuntimeError("simulated prefill failure")
-            return prefill(prompts)
+            return prefill(sequences)
 
         monkeypatch.setattr(runner, "prefill", failing_prefill)
     elif stage == "sampling":
@@ -232,6 +229,7 @@ def test_a_failure_caused_by_one_request_fails_only_that_request(loaded, monkeyp
         (after,) = run_all(executor, [good[0]])
         assert tokens_of(after) == tokens_of(alone)
         assert executor.health_error() is None and executor.engine.running == []
+        assert executor.engine.blocks.free_blocks == executor.engine.blocks.num_blocks  # no block leaked
     finally:
         executor.shutdown()
 
@@ -263,7 +261,7 @@ def test_failures_in_a_row_stop_the_engine(loaded, monkeypatch):
 
 @pytest.mark.e2e
 def test_a_server_with_a_small_budget_refuses_what_never_fits_and_queues_the_rest(tmp_path):
-    """kv_cache_memory_bytes in config.pbtxt: 100 token slots of SmolLM2 (46080 bytes each in float32)."""
+    """kv_cache_memory_bytes in config.pbtxt: 100 token slots of SmolLM2 (46080 bytes each in float32), 6 blocks."""
     from conftest import start_server
     from prometheus_text import scrape
     from triton_client import StreamClient, stream_once, token_inputs
@@ -273,7 +271,7 @@ def test_a_server_with_a_small_budget_refuses_what_never_fits_and_queues_the_res
         refused = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 504, 3575], 98), timeout_s=60)
         assert refused.finals == 1 and refused.responses == [] and len(refused.errors) == 1
         assert refused.errors[0].startswith("INVALID_ARG") and "kv_cache_memory_bytes" in refused.errors[0]
-        # Five requests of 3 + 30 tokens: three fit at once (99 slots), the others wait for rows, none fails.
+        # Five requests of 3 + 30 tokens (3 blocks each): two fit at once, the others wait for blocks, none fails.
         client = StreamClient(server.grpc_url)
         try:
             results = [
@@ -290,6 +288,6 @@ def test_a_server_with_a_small_budget_refuses_what_never_fits_and_queues_the_res
             assert time.monotonic() < deadline, "no KV-cache metrics"
             time.sleep(0.2)
         max_blocks = scrape(server.metrics_url).find("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max")
-        assert set(max_blocks.values()) == {100}
+        assert set(max_blocks.values()) == {6}
     finally:
         server.stop()

@@ -1,93 +1,101 @@
-"""The batch KV cache keeps every row's tokens right-aligned and masked correctly as rows join and leave."""
+"""The KV block pool as a transformers `Cache`: new keys land in their slots, each row reads back its own blocks in
+position order, and the mask hides every key past a query's position (other rows' blocks, padding, stale slots)."""
 
 from __future__ import annotations
 
 import torch
 
-from trtllm_model.embedded.kv_cache import BatchKVCache
+from trtllm_model.embedded.block_manager import TRASH_BLOCK
+from trtllm_model.embedded.kv_cache import KvBlockPool, PagedCache, StepInputs
+
+BLOCK = 4
 
 
-def new_cache() -> BatchKVCache:
-    return BatchKVCache(num_layers=2, num_kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"))
+def pool(num_blocks: int = 8) -> KvBlockPool:
+    made = KvBlockPool(num_layers=2, num_blocks=num_blocks, block_size=BLOCK, num_kv_heads=1, head_dim=2,
+                       dtype=torch.float32, device=torch.device("cpu"))
+    made.zero_up_to(num_blocks)
+    return made
 
 
-def prefilled(labels: list[int], lengths: list[int]) -> BatchKVCache:
-    """A prefilled group whose token t of row r has key value label*100 + t (padding: -1)."""
-    cache = new_cache()
-    cache.begin_prefill(lengths)
-    span = max(lengths)
-    keys = torch.full((len(lengths), 1, span, 2), -1.0)
-    for row, (label, length) in enumerate(zip(labels, lengths)):
-        keys[row, 0, span - length :, :] = (label * 100 + torch.arange(length, dtype=torch.float32))[:, None]
+def step(rows: list[tuple[list[int], int, int]], width: int) -> tuple[StepInputs, torch.Tensor]:
+    """rows: (block ids, first new position, new tokens); left-padded queries. Returns the inputs and keys whose
+    value is label * 100 + position (label = row + 1; padding: -1)."""
+    queries = max(count for _, _, count in rows)
+    positions = torch.zeros(len(rows), queries, dtype=torch.long)
+    slots = torch.full((len(rows), queries), TRASH_BLOCK * BLOCK, dtype=torch.long)
+    tables = torch.full((len(rows), width), TRASH_BLOCK, dtype=torch.long)
+    keys = torch.full((len(rows), 1, queries, 2), -1.0)
+    for row, (blocks, start, count) in enumerate(rows):
+        tables[row, : len(blocks)] = torch.tensor(blocks)
+        for j, position in enumerate(range(start, start + count)):
+            column = queries - count + j
+            positions[row, column] = position
+            slots[row, column] = blocks[position // BLOCK] * BLOCK + position % BLOCK
+            keys[row, 0, column] = (row + 1) * 100 + position
+    ids = torch.zeros_like(positions)
+    return StepInputs(ids, positions, slots.reshape(-1), tables), keys
+
+
+def forward(kv: KvBlockPool, inputs: StepInputs, keys: torch.Tensor) -> torch.Tensor:
+    cache = PagedCache(kv, inputs)
     for layer in range(2):
-        cache.update(keys, keys, layer)
-    cache.finish_prefill(lengths)
-    return cache
+        gathered, values = cache.update(keys, keys + 0.5, layer)
+    return torch.where(gathered == 0, gathered, values - 0.5)[:, 0, :, 0]  # [rows, width x BLOCK], values checked
 
 
-def decode(cache: BatchKVCache, labels: list[int]) -> None:
-    cache.reserve(1)
-    keys = torch.tensor([label * 100 + length for label, length in zip(labels, cache.lengths)], dtype=torch.float32)
-    keys = keys[:, None, None, None].expand(-1, 1, 1, 2)
-    for layer in range(2):
-        cache.update(keys, keys, layer)
-    cache.advance(1)
+def test_prefill_then_decode_reads_each_rows_own_tokens_in_order():
+    kv = pool()
+    # Row 0: 6 tokens in blocks 3, 1; row 1: 2 tokens in block 5 (left-padded by 4).
+    inputs, keys = step([([3, 1], 0, 6), ([5], 0, 2)], width=2)
+    gathered = forward(kv, inputs, keys)
+    assert gathered[0, :6].tolist() == [100 + p for p in range(6)]
+    assert gathered[1, :2].tolist() == [200, 201]
+    mask = inputs.attention_mask(BLOCK)[:, 0]
+    assert mask.shape == (2, 6, 8)
+    assert mask[0, 5].tolist() == [True] * 6 + [False] * 2  # the last query: its 6 tokens
+    assert mask[1, 5].tolist() == [True, True] + [False] * 6  # row 1's last query: its 2, not the padding
+    assert mask[1, 0].tolist() == [True] + [False] * 7  # a padding query sees one key: never an empty row
+
+    # Decode one token each: row 0 at position 6 (block 1), row 1 at position 2 (block 5).
+    inputs, keys = step([([3, 1], 6, 1), ([5], 2, 1)], width=2)
+    gathered = forward(kv, inputs, keys)
+    assert gathered[0, :7].tolist() == [100 + p for p in range(7)]
+    assert gathered[1, :3].tolist() == [200, 201, 202]
+    assert inputs.attention_mask(BLOCK)[:, 0, 0].sum(-1).tolist() == [7, 3]
 
 
-def real_tokens(cache: BatchKVCache) -> list[list[int]]:
-    keys = cache.layers[1].keys[: cache.rows, 0, cache.start : cache.end, 0]
-    return [[int(v) for v in keys[row, cache.span - length :]] for row, length in enumerate(cache.lengths)]
+def test_padding_writes_only_the_trash_block():
+    kv = pool()
+    before = [tensor.clone() for tensor in kv.keys]
+    inputs, keys = step([([2], 0, 1), ([4], 0, 3)], width=1)  # row 0 has two padding queries
+    forward(kv, inputs, keys)
+    for layer, old in enumerate(before):
+        changed = (kv.keys[layer] != old).any(-1).any(-1).any(-1).nonzero().flatten().tolist()
+        assert set(changed) <= {TRASH_BLOCK, 2, 4}
+        assert kv.keys[layer][2, 0, 0, 0] == 100 and kv.keys[layer][4, :3, 0, 0].tolist() == [200, 201, 202]
 
 
-def expected(labels: list[int], lengths: list[int]) -> list[list[int]]:
-    return [[label * 100 + t for t in range(length)] for label, length in zip(labels, lengths)]
+def test_a_shared_block_is_read_by_both_rows_and_written_by_neither():
+    kv = pool()
+    inputs, keys = step([([1, 2], 0, 6)], width=2)  # block 1 full: the shared prefix
+    forward(kv, inputs, keys)
+    shared = kv.keys[0][1].clone()
+    # Two rows continue after the shared block, each in a block of its own.
+    inputs, keys = step([([1, 3], 4, 2), ([1, 6], 4, 1)], width=2)
+    gathered = forward(kv, inputs, keys)
+    assert torch.equal(kv.keys[0][1], shared)
+    assert gathered[0, :4].tolist() == gathered[1, :4].tolist() == [100, 101, 102, 103]
+    assert gathered[0, 4:6].tolist() == [104, 105] and gathered[1, 4].item() == 204
 
 
-def test_rows_join_decode_and_leave():
-    cache = new_cache()
-    labels: list[int] = []
-    cache.append_rows(prefilled([1, 2], [3, 5]))
-    labels += [1, 2]
-    decode(cache, labels)
-    cache.append_rows(prefilled([3], [9]))  # longer than the batch: every row gains left padding
-    labels += [3]
-    for _ in range(20):  # past the first column capacity: the buffer grows
-        decode(cache, labels)
-    assert real_tokens(cache) == expected(labels, [24, 26, 29])
-
-    moves = cache.remove_rows([0])  # the last row fills the hole
-    assert moves == [(2, 0)]
-    labels = [3, 2]
-    assert real_tokens(cache) == expected(labels, [29, 26])
-    cache.remove_rows([0])
-    labels = [2]
-    assert cache.span == 26  # padding nobody needs is dropped
-    cache.append_rows(prefilled([4, 5], [2, 4]))
-    labels += [4, 5]
-    decode(cache, labels)
-    assert real_tokens(cache) == expected(labels, [27, 3, 5])
-
-    mask = cache.decode_mask()[:, 0, 0, :]
-    assert mask.shape == (3, cache.span + 1)
-    assert mask.sum(dim=1).tolist() == [28, 4, 6]  # real tokens plus the new one
-    assert mask[:, -1].all() and not mask[1, 0]
-
-    cache.remove_rows([0, 1, 2])
-    assert cache.rows == 0 and cache.span == 0
-
-
-def test_prefill_mask_is_causal_and_never_empty():
-    cache = new_cache()
-    cache.begin_prefill([2, 4])
-    mask = cache.prefill_mask([2, 4])[:, 0]
-    assert mask.shape == (2, 4, 4)
-    assert mask[1].tolist() == [
-        [True, False, False, False],
-        [True, True, False, False],
-        [True, True, True, False],
-        [True, True, True, True],
-    ]
-    # Row 0 is padded by two: its real queries see only real keys; padding queries see themselves.
-    assert mask[0, 3].tolist() == [False, False, True, True]
-    assert mask[0, 0].tolist() == [True, False, False, False]
-    assert mask.any(dim=-1).all()
+def test_blocks_are_zeroed_when_first_handed_out_on_cpu():
+    kv = KvBlockPool(num_layers=1, num_blocks=4, block_size=BLOCK, num_kv_heads=1, head_dim=2,
+                     dtype=torch.float32, device=torch.device("cpu"))
+    for tensor in (kv.keys[0], kv.values[0]):
+        tensor.fill_(float("nan"))
+    kv.zero_up_to(2)
+    assert kv.keys[0][:2].eq(0).all() and kv.values[0][:2].eq(0).all() and kv.keys[0][2:].isnan().all()
+    kv.keys[0][1].fill_(5.0)
+    kv.zero_up_to(2)  # already handed out: what is written stays
+    assert kv.keys[0][1].eq(5.0).all()

@@ -376,5 +376,8 @@ def test_logits_are_the_models_own(executor, loaded, prompts):
     assert [g.shape for g in generation] == [(1, 1, reference.shape[1])] * len(tokens)
     assert [int(g[0, 0].argmax()) for g in generation] == tokens
     assert np.allclose(generation[0][0, 0], reference[-1], atol=1e-2)  # the first token's logits: the prompt's last
-    # return_perf_metrics: the cache slots (one token each) the request holds.
-    assert steps[-1].kv_cache_alloc_total_blocks == len(prompt) + len(tokens) and steps[-1].kv_cache_reused_blocks == 0
+    # return_perf_metrics: KV blocks of 16 tokens for every position written (all but the last token), some of them
+    # reused from the earlier requests with this prompt.
+    final = steps[-1]
+    assert final.kv_cache_alloc_total_blocks == -(-(len(prompt) + len(tokens) - 1) // 16)
+    assert final.kv_cache_reused_blocks + final.kv_cache_alloc_new_blocks == final.kv_cache_alloc_total_blocks

@@ -2,11 +2,15 @@
 samples, and publishes the new tokens as steps. Callers talk to it through `submit`, `cancel` and `wait_steps`.
 
 Requests join and leave only between iterations (in-flight batching): a request that finishes or is cancelled
-frees its row at once, and a new one is prefilled at the next iteration instead of waiting for the batch to drain.
+frees its KV blocks at once, and a new one is prefilled at the next iteration instead of waiting for the batch to
+drain. Keys and values live in a block pool (`kv_cache`, `block_manager`): a prompt whose leading full blocks are
+cached is prefilled only from the first uncached token (`enable_kv_cache_reuse`).
 
 A failure the engine can pin on one request (its prefill, retried alone when it was part of a group; its sampling,
-retried row by row; its context logits) fails that request with an error step and frees its row; the batch goes
-on. A failure of the whole batch's decode forward, of the cache, or `MAX_FAILURES_IN_A_ROW` failed requests with
+retried row by row; its context logits) fails that request with an error step and frees its blocks; the batch
+goes on (a prefill writes only its own new blocks, and a block becomes findable by other prompts only once
+written, so a failed or cancelled request leaves nothing another can read). A failure of the whole batch's decode
+forward, or `MAX_FAILURES_IN_A_ROW` failed requests with
 no success between them stop the engine: every open request then ends with the engine's error.
 """
 
@@ -22,7 +26,8 @@ import numpy as np
 import torch
 
 from ..executor_interface import FinishReason, IterationStats, KvCacheStats, Step
-from .kv_budget import KvBudget, reserved_slots
+from .block_manager import BlockManager
+from .kv_budget import KvBudget
 from .runner import ModelRunner
 from .sampling import sample_next_tokens
 from .scheduler import Scheduler, SchedulerLimits, prefill_groups
@@ -40,6 +45,7 @@ class EngineConfig:
     max_num_tokens: int
     kv_budget: KvBudget
     stats_max_iterations: int = 1000
+    enable_kv_cache_reuse: bool = True  # NVIDIA's name: prefix caching over full blocks
 
 
 class EngineDead(RuntimeError):
@@ -50,9 +56,11 @@ class Engine:
     def __init__(self, runner: ModelRunner, config: EngineConfig) -> None:
         self.runner = runner
         self.config = config
-        self.scheduler = Scheduler(SchedulerLimits(config.max_batch_size, config.max_num_tokens, config.kv_budget))
-        self.cache = runner.new_cache(max_slots=config.kv_budget.max_slots)
-        self.running: list[Sequence] = []  # row i of the cache belongs to running[i]
+        budget = config.kv_budget
+        self.blocks = BlockManager(budget.num_blocks, budget.block_size, config.enable_kv_cache_reuse)
+        runner.allocate_kv_pool(budget.num_blocks, budget.block_size)
+        self.scheduler = Scheduler(SchedulerLimits(config.max_batch_size, config.max_num_tokens), self.blocks)
+        self.running: list[Sequence] = []
         self.iteration = 0
         self._failures_in_a_row = 0
 
@@ -164,16 +172,22 @@ class Engine:
         self._publish(self._end_cancelled_and_expired(cancels, started))
 
         admitted = self.scheduler.admit(self.running)
+        context_tokens = sum(sequence.prefill_len for sequence in admitted)  # what the prefills compute
         decoded = len(self.running)
         if self.running:
+            for sequence in self.running:  # a slot for the token fed now, drawn from the sequence's reservation
+                self.blocks.ensure_slots(sequence.blocks, len(sequence.token_ids))
+            self.runner.pool.zero_up_to(self.blocks.high_water)
             # A failed forward of the whole batch is nobody's in particular: it stops the engine (see _run).
-            logits = self.runner.decode(self.cache, [sequence.last_token for sequence in self.running])
+            logits = self.runner.decode(self.running)
+            for sequence in self.running:
+                self._computed(sequence, len(sequence.token_ids))
             self._publish(self._accept(self.running, logits))
         for group in prefill_groups(admitted):
             self._prefill(group)
-        self._free_finished_rows()
+        self._release_finished()
         self.iteration += 1
-        self._record_stats(decoded, admitted)
+        self._record_stats(decoded, len(admitted), context_tokens)
         return True
 
     def _end_cancelled_and_expired(self, cancels: set[int], now: float) -> list[Step]:
@@ -187,25 +201,37 @@ class Engine:
                 continue
             steps.append(sequence.step([]))
         self.scheduler.remove_finished()
-        self._free_finished_rows()
+        self._release_finished()
         return steps
 
     def _prefill(self, group: list[Sequence]) -> None:
-        """Prefill a group into its own cache, then merge its rows into the batch; the batch's cache is untouched
-        until the group has succeeded, so a failed prefill leaves nothing to undo."""
+        """Prefill a group's uncached prompt tokens into its own new blocks; a failed prefill wrote nothing that any
+        other request reads (its blocks are not findable before this succeeds), so its blocks are just freed."""
+        self.runner.pool.zero_up_to(self.blocks.high_water)
         try:
-            logits, group_cache = self.runner.prefill([sequence.token_ids for sequence in group])
+            logits = self.runner.prefill(group)
         except Exception as exc:  # noqa: BLE001 - whose it was is found out below
             if len(group) == 1:
                 self._publish([self._fail(group[0], "prefill", exc)])
+                self._release(group[0])
                 return
             log.warning("prefill of %d requests failed (%s); each is tried alone", len(group), exc)
             for sequence in group:
                 self._prefill([sequence])
             return
-        self._publish(self._accept(group, logits, prefill=True))
-        self.cache.append_rows(group_cache)
+        for sequence in group:
+            self._computed(sequence, sequence.prompt_len)
         self.running.extend(group)
+        self._publish(self._accept(group, logits, prefill=True))
+
+    def _computed(self, sequence: Sequence, tokens: int) -> None:
+        """The keys and values of the sequence's first `tokens` tokens are written: its full blocks become shareable."""
+        sequence.num_computed = tokens
+        self.blocks.register_full_blocks(sequence.blocks, sequence.token_ids, tokens)
+
+    def _release(self, sequence: Sequence) -> None:
+        if sequence.blocks is not None:
+            self.blocks.free(sequence.blocks)
 
     def _accept(self, sequences: list[Sequence], logits: torch.Tensor, prefill: bool = False) -> list[Step]:
         try:
@@ -249,19 +275,18 @@ class Engine:
         step.error = f"{stage} failed: {type(exc).__name__}: {exc}"
         return step
 
-    def _free_finished_rows(self) -> None:
-        finished = [row for row, sequence in enumerate(self.running) if sequence.is_finished]
-        if not finished:
+    def _release_finished(self) -> None:
+        if not any(sequence.is_finished for sequence in self.running):
             return
-        # The cache fills each hole with its last row; mirror that here so rows and sequences stay aligned.
-        for source, target in self.cache.remove_rows(finished):
-            self.running[target] = self.running[source]
-        del self.running[len(self.running) - len(finished) :]
+        for sequence in self.running:
+            if sequence.is_finished:
+                self._release(sequence)
+        self.running = [sequence for sequence in self.running if not sequence.is_finished]
 
-    def _record_stats(self, decoded: int, admitted: list[Sequence]) -> None:
-        context_tokens = sum(sequence.prompt_len for sequence in admitted)
-        slots = self.config.kv_budget.max_slots
-        used = reserved_slots(self.running)
+    def _record_stats(self, decoded: int, admitted: int, context_tokens: int) -> None:
+        blocks = self.blocks
+        looked_up = blocks.total_reused + blocks.total_missed
+        reuse = blocks.enable_reuse
         gpu_bytes = None
         if self.runner.device.type == "cuda":
             gpu_bytes = torch.cuda.memory_allocated(self.runner.device)
@@ -271,15 +296,23 @@ class Engine:
             active_requests=len(self.running),
             queued_requests=len(self.scheduler.waiting),
             max_active_requests=self.config.max_batch_size,
-            scheduled_requests=decoded + len(admitted),
-            context_requests=len(admitted),
+            scheduled_requests=decoded + admitted,
+            context_requests=admitted,
             generation_requests=decoded,
             context_tokens=context_tokens,
             tokens_in_step=decoded + context_tokens,
             gpu_mem_bytes=gpu_bytes,
-            # One "block" is one token slot of the budget; used = what the running requests reserve for their whole
-            # life (rows x the longest prompt + max_tokens), which is what admission weighs a new request against.
-            kv_cache=KvCacheStats(max_blocks=slots, free_blocks=slots - used, used_blocks=used, tokens_per_block=1),
+            # used = blocks the running requests hold or have reserved to their ends (what admission weighs a new
+            # request against); free includes cached blocks nobody holds (they are evicted when needed).
+            kv_cache=KvCacheStats(
+                max_blocks=blocks.num_blocks,
+                free_blocks=blocks.free_blocks,
+                used_blocks=blocks.num_blocks - blocks.free_blocks,
+                tokens_per_block=blocks.block_size,
+                reused_blocks=blocks.total_reused if reuse else None,
+                missed_blocks=blocks.total_missed if reuse else None,
+                cache_hit_rate=(blocks.total_reused / looked_up if looked_up else 0.0) if reuse else None,
+            ),
         )
         with self._lock:
             self._stats.append(stats)

@@ -1,21 +1,18 @@
-"""How much memory the batch KV cache may take, and what a request reserves of it.
+"""How much memory the KV block pool may take, and the check for a request that could never fit in it.
 
-The cache is one contiguous, left-padded buffer per layer (see `kv_cache`), so it holds rows x columns token
-slots, the columns being the longest row's length. A running request can grow until prompt + max_tokens, so the
-batch reserves `rows x the longest prompt + max_tokens` slots for the whole life of its requests: the scheduler
-admits a request only while that reservation, with it, stays within the budget (nothing is ever evicted), and a
-request that needs more than the whole budget alone is refused at enqueue.
+The pool (`kv_cache.KvBlockPool`) is preallocated at load: `memory_bytes` / (bytes of one token x block size)
+blocks. A running request holds the blocks its prompt + max_tokens can fill (see `block_manager`), so the
+scheduler admits a request while the free blocks hold it (it waits otherwise), and a request that needs more
+blocks than the whole pool is refused at enqueue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
 from ..executor_interface import RequestRejected
-from .sequence import Sequence
 
 # Sized for the CPU Deployment (deploy/kubernetes/cpu/deployment.yaml, 4 GiB memory limit) serving the embedded
 # SmolLM2-135M in float32: with a 1.5 GiB budget filled by 2,000-token prompts the server peaked at 3.3 GiB
@@ -23,40 +20,33 @@ from .sequence import Sequence
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB
 # On CUDA, NVIDIA's kv_cache_free_gpu_mem_fraction of the memory free once the weights are loaded (its default).
 DEFAULT_FREE_GPU_MEM_FRACTION = 0.9
+# Tokens per KV block (TensorRT-LLM's tokens_per_block default 32, vLLM's 16): small blocks share more of a prefix.
+DEFAULT_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True, slots=True)
 class KvBudget:
     memory_bytes: int
     bytes_per_slot: int  # keys and values of one token in every layer
+    block_size: int = DEFAULT_BLOCK_SIZE
+
+    @property
+    def num_blocks(self) -> int:
+        return self.memory_bytes // (self.bytes_per_slot * self.block_size)
 
     @property
     def max_slots(self) -> int:
-        return self.memory_bytes // self.bytes_per_slot
-
-    def fits(self, sequences: Iterable[Sequence]) -> bool:
-        return reserved_slots(sequences) <= self.max_slots
+        return self.num_blocks * self.block_size
 
     def check_request(self, prompt_len: int, max_tokens: int) -> None:
-        """Raise RequestRejected for a request that would not fit even alone in the batch."""
-        needed = prompt_len + max_tokens
-        if needed > self.max_slots:
+        """Raise RequestRejected for a request that would not fit even alone in the pool."""
+        needed = -(-(prompt_len + max_tokens) // self.block_size)
+        if needed > self.num_blocks:
             raise RequestRejected(
-                f"input length {prompt_len} + max_tokens {max_tokens} needs {needed} KV-cache token slots; "
-                f"kv_cache_memory_bytes={self.memory_bytes} holds {self.max_slots} "
-                f"({self.bytes_per_slot} bytes per token)"
+                f"input length {prompt_len} + max_tokens {max_tokens} needs {needed} KV-cache blocks of "
+                f"{self.block_size} tokens; kv_cache_memory_bytes={self.memory_bytes} holds {self.num_blocks} "
+                f"({self.bytes_per_slot * self.block_size} bytes per block)"
             )
-
-
-def lifetime_length(sequence: Sequence) -> int:
-    """The most tokens the sequence can hold in the cache before it ends."""
-    return sequence.prompt_len + sequence.max_tokens
-
-
-def reserved_slots(sequences: Iterable[Sequence]) -> int:
-    """Slots the contiguous cache needs to carry these sequences to their ends: rows x the longest life."""
-    lengths = [lifetime_length(sequence) for sequence in sequences]
-    return len(lengths) * max(lengths, default=0)
 
 
 def default_kv_cache_bytes(device: torch.device, fraction: float = DEFAULT_FREE_GPU_MEM_FRACTION) -> int:

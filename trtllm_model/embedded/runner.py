@@ -1,4 +1,10 @@
-"""Forward passes over the model: a padded prefill for newly admitted prompts, one decode step for the batch."""
+"""Forwards over the model: a prefill of what admitted prompts do not find cached, one decode step for the batch.
+
+The runner owns the KV block pool and builds each step's inputs (`kv_cache.StepInputs`) from the sequences'
+block tables. With `static_shapes` (the default on CUDA) a decode step is padded to bucketed sizes (rows and
+table width, powers of two) and its inputs are copied in place into tensors kept per bucket: the shapes and
+addresses a CUDA graph of the decode step would replay (the capture itself is not done yet).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,15 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .kv_cache import BatchKVCache
+from .block_manager import TRASH_BLOCK
+from .kv_cache import KvBlockPool, PagedCache, StepInputs
+from .sequence import Sequence
 
 
 class ModelRunner:
-    """Runs a transformers causal LM's own forward against a `BatchKVCache`; returns last-position logits."""
+    """Runs a transformers causal LM's own forward against the KV block pool; returns last-position logits."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, static_shapes: bool | None = None) -> None:
         self.model = model
         config = model.config
         self.vocab_size: int = config.vocab_size
@@ -25,12 +33,15 @@ class ModelRunner:
         self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
+        self.static_shapes = self.device.type == "cuda" if static_shapes is None else static_shapes
+        self.pool: KvBlockPool | None = None
+        self._static_inputs: dict[tuple[int, int], StepInputs] = {}  # (rows, width) -> that bucket's tensors
         # transformers 5.x renamed `past_key_values` to `cache`; accept either.
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def attention_backends(self) -> contextlib.AbstractContextManager:
-        """On CUDA, keep SDPA off cuDNN: it plans anew for every key length, so each decode step (one column
-        longer than the last) paid about 1.5 ms of CPU per layer for it (measured on an H200, bfloat16)."""
+        """On CUDA, keep SDPA off cuDNN: it plans anew for every key length (measured on an H200, bfloat16: about
+        1.5 ms of CPU per layer and step)."""
         if self.device.type != "cuda":
             return contextlib.nullcontext()
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
@@ -40,37 +51,68 @@ class ModelRunner:
         """Keys and values of one token in every layer."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
-    def new_cache(self, rows: int = 1, columns: int = 16, max_slots: int | None = None) -> BatchKVCache:
-        return BatchKVCache(
-            self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device,
-            rows=rows, columns=columns, max_slots=max_slots,
-        )
+    def allocate_kv_pool(self, num_blocks: int, block_size: int) -> KvBlockPool:
+        """The pool of `num_blocks` usable blocks plus the trash block, allocated once."""
+        self.pool = KvBlockPool(self.num_layers, num_blocks + 1, block_size, self.num_kv_heads, self.head_dim,
+                                self.dtype, self.device)
+        self._static_inputs.clear()
+        return self.pool
 
-    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        output = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,  # the lm_head over every prompt position would cost more than the rest of prefill
-            **{self._cache_kwarg: cache},
-        )
-        return output.logits[:, -1, :].float()
+    # -- steps -----------------------------------------------------------------------------------------------------
+    def prefill(self, sequences: list[Sequence]) -> torch.Tensor:
+        """Each sequence's prompt from its first uncached token, left-padded into one forward; `[n, vocab]` logits."""
+        block_size = self.pool.block_size
+        queries = max(sequence.prompt_len - sequence.num_computed for sequence in sequences)
+        width = max(len(sequence.blocks.block_ids) for sequence in sequences)
+        rows = len(sequences)
+        ids = torch.zeros((rows, queries), dtype=torch.long)
+        positions = torch.zeros((rows, queries), dtype=torch.long)
+        slots = torch.full((rows, queries), TRASH_BLOCK * block_size, dtype=torch.long)
+        tables = torch.full((rows, width), TRASH_BLOCK, dtype=torch.long)
+        for row, sequence in enumerate(sequences):
+            table = torch.tensor(sequence.blocks.block_ids, dtype=torch.long)
+            start, end = sequence.num_computed, sequence.prompt_len
+            padding = queries - (end - start)
+            row_positions = torch.arange(start, end)
+            tables[row, : len(table)] = table
+            ids[row, padding:] = torch.tensor(sequence.token_ids[start:end], dtype=torch.long)
+            positions[row, padding:] = row_positions
+            slots[row, padding:] = table[row_positions // block_size] * block_size + row_positions % block_size
+        inputs = StepInputs(ids, positions, slots.reshape(-1), tables)
+        return self._forward(self._on_device(inputs))
 
-    def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, BatchKVCache]:
-        """Run the prompts left-padded in one forward; returns `[n, vocab]` logits and their own cache."""
-        lengths = [len(prompt) for prompt in prompts]
-        span = max(lengths)
-        cache = self.new_cache(rows=len(prompts), columns=span)
-        cache.begin_prefill(lengths)
-        ids = torch.zeros((len(prompts), span), dtype=torch.long)
-        positions = torch.zeros((len(prompts), span), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, span - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            positions[row, span - len(prompt) :] = torch.arange(len(prompt))
-        logits = self._forward(ids.to(self.device), cache.prefill_mask(lengths), positions.to(self.device), cache)
-        cache.finish_prefill(lengths)
-        return logits, cache
+    def decode(self, sequences: list[Sequence]) -> torch.Tensor:
+        """One token per sequence (its last, whose keys and values are not in the pool yet); `[rows, vocab]` logits."""
+        block_size = self.pool.block_size
+        width = max(len(sequence.blocks.block_ids) for sequence in sequences)
+        rows = len(sequences)
+        if self.static_shapes:
+            rows, width = _bucket(rows), min(_bucket(width), self.max_blocks_per_sequence)
+        ids, positions, slots, tables = [], [], [], []
+        for sequence in sequences:
+            position = len(sequence.token_ids) - 1
+            block_ids = sequence.blocks.block_ids
+            ids.append(sequence.token_ids[-1])
+            positions.append(position)
+            slots.append(block_ids[position // block_size] * block_size + position % block_size)
+            tables.append(block_ids + [TRASH_BLOCK] * (width - len(block_ids)))
+        padding = rows - len(sequences)  # padding rows: token 0 at position 0 of the trash block
+        ids += [0] * padding
+        positions += [0] * padding
+        slots += [TRASH_BLOCK * block_size] * padding
+        tables += [[TRASH_BLOCK] * width] * padding
+        inputs = StepInputs(
+            torch.tensor(ids, dtype=torch.long)[:, None],
+            torch.tensor(positions, dtype=torch.long)[:, None],
+            torch.tensor(slots, dtype=torch.long),
+            torch.tensor(tables, dtype=torch.long),
+        )
+        inputs = self._static_copy(inputs) if self.static_shapes else self._on_device(inputs)
+        return self._forward(inputs)[: len(sequences)]
+
+    @property
+    def max_blocks_per_sequence(self) -> int:
+        return -(-self.max_positions // self.pool.block_size)
 
     def prompt_logits(self, prompt: list[int]) -> np.ndarray:
         """`[prompt tokens, vocab]` logits at every prompt position (NVIDIA's context_logits): a forward of its own,
@@ -78,11 +120,38 @@ class ModelRunner:
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
         return self.model(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
 
-    def decode(self, cache: BatchKVCache, last_tokens: list[int]) -> torch.Tensor:
-        """One token per row (its previous output); returns `[rows, vocab]` logits."""
-        cache.reserve(1)
-        ids = torch.tensor(last_tokens, dtype=torch.long, device=self.device)[:, None]
-        positions = torch.tensor(cache.lengths, dtype=torch.long, device=self.device)[:, None]
-        logits = self._forward(ids, cache.decode_mask(), positions, cache)
-        cache.advance(1)
-        return logits
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        output = self.model(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask(self.pool.block_size),
+            position_ids=inputs.positions,
+            use_cache=True,
+            logits_to_keep=1,  # the lm_head over every prompt position would cost more than the rest of prefill
+            **{self._cache_kwarg: PagedCache(self.pool, inputs)},
+        )
+        return output.logits[:, -1, :].float()
+
+    def _on_device(self, inputs: StepInputs) -> StepInputs:
+        if self.device.type == "cpu":
+            return inputs
+        return StepInputs(*(tensor.to(self.device, non_blocking=True) for tensor in _fields(inputs)))
+
+    def _static_copy(self, inputs: StepInputs) -> StepInputs:
+        """The bucket's own tensors, filled in place (same addresses every step of that bucket)."""
+        key = tuple(inputs.block_tables.shape)
+        static = self._static_inputs.get(key)
+        if static is None:
+            static = StepInputs(*(torch.empty_like(tensor, device=self.device) for tensor in _fields(inputs)))
+            self._static_inputs[key] = static
+        for target, source in zip(_fields(static), _fields(inputs)):
+            target.copy_(source, non_blocking=True)
+        return static
+
+
+def _fields(inputs: StepInputs) -> tuple[torch.Tensor, ...]:
+    return inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.block_tables
+
+
+def _bucket(count: int) -> int:
+    """The next power of two: few distinct shapes, so few graphs to capture."""
+    return 1 << max(0, count - 1).bit_length()

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..executor_interface import FinishReason, GenerationRequest, Step
+from .block_manager import BlockTable
 from .guided import advance
 from .sampling import SamplingParams, SamplingState
 
@@ -39,6 +40,8 @@ class Sequence:
     want_context_logits: bool = False
     want_generation_logits: bool = False
     want_perf_metrics: bool = False
+    blocks: BlockTable | None = None  # its KV blocks, from admission until it ends
+    num_computed: int = 0  # leading tokens whose keys and values are in the pool (the cached prefix, then more)
     guide: Any = None  # xgrammar GrammarMatcher of a guided request (set by the executor at enqueue)
 
     @classmethod
@@ -75,6 +78,11 @@ class Sequence:
     @property
     def num_output(self) -> int:
         return len(self.token_ids) - self.prompt_len
+
+    @property
+    def prefill_len(self) -> int:
+        """Prompt tokens the prefill computes (those not found cached)."""
+        return self.prompt_len - self.num_computed
 
     @property
     def last_token(self) -> int:
@@ -134,9 +142,9 @@ class Sequence:
             log_probs=([log_prob] if tokens else []) if want_log_probs else None,
             cum_log_prob=self.cum_log_prob if want_log_probs else None,
         )
-        if self.want_perf_metrics:
-            # The cache holds one token per slot ("block" of 1, as the iteration stats count it), none shared.
-            held = len(self.token_ids)
-            step.kv_cache_alloc_total_blocks = step.kv_cache_alloc_new_blocks = held
-            step.kv_cache_reused_blocks = 0
+        if self.want_perf_metrics and self.blocks is not None:
+            # As TensorRT-LLM counts them: blocks found cached, blocks allocated for it, and the two together.
+            step.kv_cache_reused_blocks = self.blocks.reused_blocks
+            step.kv_cache_alloc_new_blocks = self.blocks.new_blocks
+            step.kv_cache_alloc_total_blocks = self.blocks.reused_blocks + self.blocks.new_blocks
         return step

@@ -1,0 +1,151 @@
+"""The KV block pool's bookkeeping: reference counts, prefix hashes over full blocks, reservations, LRU eviction.
+No model: blocks are numbers here (the engine-level tests with SmolLM2 are in test_prefix_cache.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trtllm_model.embedded import block_manager as block_manager_module
+from trtllm_model.embedded.block_manager import TRASH_BLOCK, BlockManager, BlockTable
+
+BLOCK = 4
+
+
+def admitted(manager: BlockManager, tokens: list[int], max_tokens: int = 0) -> BlockTable:
+    """Allocate as the scheduler does and mark the prompt computed, as the engine does after its prefill."""
+    table = manager.allocate(tokens, len(tokens), len(tokens) + max_tokens)
+    assert table is not None
+    manager.register_full_blocks(table, tokens, len(tokens))
+    return table
+
+
+def test_a_shared_prefix_is_reused_and_reference_counted():
+    manager = BlockManager(num_blocks=10, block_size=BLOCK)
+    prompt = list(range(10))  # blocks [0-3] [4-7] and a partial [8, 9]
+    first = admitted(manager, prompt)
+    assert (first.reused_blocks, first.new_blocks, first.missed_blocks) == (0, 3, 2)
+    assert TRASH_BLOCK not in first.block_ids and manager.free_blocks == 7
+
+    second = admitted(manager, prompt[:8] + [50, 51, 52])
+    assert second.block_ids[:2] == first.block_ids[:2] and second.block_ids[2] != first.block_ids[2]
+    assert (second.reused_blocks, second.new_blocks, second.cached_tokens) == (2, 1, 8)
+    assert [manager.blocks[b].ref_count for b in first.block_ids] == [2, 2, 1]
+
+    manager.free(first)
+    assert [manager.blocks[b].ref_count for b in second.block_ids] == [1, 1, 1]
+    assert manager.free_blocks == 10 - 3  # first's partial block is back; the shared two are still held
+    manager.free(second)
+    assert manager.free_blocks == 10 and manager.cached_free_blocks == 2
+
+
+def test_the_same_tokens_after_a_different_prefix_are_not_shared():
+    manager = BlockManager(num_blocks=10, block_size=BLOCK)
+    admitted(manager, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    other = admitted(manager, [0, 0, 0, 0, 5, 6, 7, 8, 9])  # block 2 equal, block 1 not: the chain differs
+    assert other.reused_blocks == 0
+
+
+def test_the_last_prompt_token_is_always_computed():
+    """A prompt of exactly two full cached blocks reuses one: the prefill needs a token to give logits."""
+    manager = BlockManager(num_blocks=10, block_size=BLOCK)
+    prompt = list(range(8))
+    admitted(manager, prompt)
+    again = admitted(manager, prompt)
+    assert again.reused_blocks == 1 and again.cached_tokens == 4 and again.new_blocks == 1
+
+
+def test_blocks_are_findable_only_once_registered_and_reuse_can_be_off():
+    manager = BlockManager(num_blocks=10, block_size=BLOCK)
+    prompt = list(range(9))
+    manager.allocate(prompt, len(prompt), len(prompt))  # admitted, not prefilled yet
+    assert manager.allocate(prompt, len(prompt), len(prompt)).reused_blocks == 0
+
+    off = BlockManager(num_blocks=10, block_size=BLOCK, enable_reuse=False)
+    admitted(off, prompt)
+    table = admitted(off, prompt)
+    assert (table.reused_blocks, table.missed_blocks) == (0, 0) and off.total_reused == 0
+
+
+def test_a_hash_collision_is_not_a_match(monkeypatch):
+    monkeypatch.setattr(block_manager_module, "chain_hash", lambda prefix, tokens: 7)
+    manager = BlockManager(num_blocks=10, block_size=BLOCK)
+    admitted(manager, [1, 2, 3, 4, 5])
+    assert admitted(manager, [9, 9, 9, 9, 5]).reused_blocks == 0
+
+
+def test_admission_reserves_the_whole_life_and_decoding_draws_from_it():
+    manager = BlockManager(num_blocks=6, block_size=BLOCK)
+    table = admitted(manager, [1, 2, 3], max_tokens=13)  # 16 tokens: 4 blocks, 1 drawn now
+    assert len(table.block_ids) == 1 and manager.free_blocks == 2
+    assert manager.allocate([5, 6, 7], 3, 3 + 10) is None  # needs 4 of the 2 left: waits, nothing taken
+    assert manager.free_blocks == 2
+    manager.ensure_slots(table, 16)
+    assert len(table.block_ids) == 4 and manager.free_blocks == 2
+    assert manager.can_ever_fit(24) and not manager.can_ever_fit(25)
+
+
+def test_free_cached_blocks_are_evicted_least_recently_used_only_when_blank_ones_run_out():
+    manager = BlockManager(num_blocks=4, block_size=BLOCK)
+    old = admitted(manager, [1] * 5)  # one full block + one partial
+    new = admitted(manager, [2] * 5)
+    manager.free(old)
+    manager.free(new)
+    assert manager.cached_free_blocks == 2 and manager.free_blocks == 4
+    blank = admitted(manager, [3, 3])  # a blank block is used first: both cached blocks stay
+    assert manager.cached_free_blocks == 2
+    evicting = admitted(manager, [4, 4, 4, 4, 4, 4, 4])  # two blocks: the last blank one, then the oldest cached
+    assert manager.cached_free_blocks == 1
+    manager.free(blank)
+    manager.free(evicting)
+    assert admitted(manager, [2] * 5).reused_blocks == 1  # the newer survived
+    assert admitted(manager, [1] * 5).reused_blocks == 0  # the older was evicted
+
+
+def test_a_held_block_is_never_evicted():
+    manager = BlockManager(num_blocks=3, block_size=BLOCK)
+    holder = admitted(manager, [1] * 5)
+    assert manager.allocate([2] * 9, 9, 9) is None  # 3 blocks, 1 free: the held ones are not candidates
+    assert [manager.blocks[b].ref_count for b in holder.block_ids] == [1, 1]
+    sharer = admitted(manager, [1] * 4 + [7])  # shares the held full block, needs one more
+    assert sharer.block_ids[0] == holder.block_ids[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "grow", "free"]), st.integers(0, 7), st.integers(1, 14)),
+                max_size=60))
+def test_counts_stay_consistent_under_any_sequence_of_operations(operations):
+    """Reference counts equal the tables holding a block; free + held + reserved = the pool; a cached hash points at
+    a block with exactly its tokens; no block is in two free lists or held and free at once."""
+    manager = BlockManager(num_blocks=12, block_size=BLOCK)
+    tables: list[tuple[BlockTable, list[int], int]] = []  # table, its tokens, its lifetime
+    for kind, pick, size in operations:
+        if kind == "add":
+            tokens = [pick % 3] * 4 + [pick] * size  # prompts that share, or not, a first block
+            table = manager.allocate(tokens, len(tokens), len(tokens) + 6)
+            if table is not None:
+                manager.register_full_blocks(table, tokens, len(tokens))
+                tables.append((table, tokens, len(tokens) + 6))
+        elif tables and kind == "grow":
+            table, tokens, life = tables[pick % len(tables)]
+            if len(tokens) < life:
+                tokens.append(pick)
+                manager.ensure_slots(table, len(tokens))
+                manager.register_full_blocks(table, tokens, len(tokens) - 1)
+        elif tables:
+            table, _, _ = tables.pop(pick % len(tables))
+            manager.free(table)
+        holders: dict[int, int] = {}
+        for table, _, _ in tables:
+            for block_id in table.block_ids:
+                holders[block_id] = holders.get(block_id, 0) + 1
+        for block in manager.blocks[1:]:
+            assert block.ref_count == holders.get(block.block_id, 0)
+        free_ids = list(manager._blank) + list(manager._cached_free)
+        assert len(set(free_ids)) == len(free_ids) and not set(free_ids) & set(holders)
+        assert TRASH_BLOCK not in free_ids and TRASH_BLOCK not in holders
+        reserved = sum(table.reserved for table, _, _ in tables)
+        assert len(free_ids) + len(holders) == manager.num_blocks and manager.free_blocks == len(free_ids) - reserved
+        assert manager.free_blocks >= 0
+        for block_hash, block_id in manager._by_hash.items():
+            assert manager.blocks[block_id].hash == block_hash and len(manager.blocks[block_id].token_ids) == BLOCK
