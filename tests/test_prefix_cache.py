@@ -191,11 +191,13 @@ def test_the_static_shape_decode_gives_the_same_tokens(loaded, plain):
 
 
 @pytest.mark.e2e
-def test_reuse_is_visible_in_the_perf_outputs_of_a_real_server(tmp_path):
+@pytest.mark.parametrize(("parameters", "expected"), [({}, [0, 3]), ({"enable_kv_cache_reuse": "false"}, [0, 0])])
+def test_reuse_is_visible_in_the_perf_outputs_of_a_real_server(tmp_path, parameters, expected):
+    """On by default: a fresh server, then 3 of the 4 full blocks (the last is always computed); off: none."""
     from conftest import start_server
     from triton_client import stream_once, token_inputs
 
-    server = start_server(tmp_path, executor="transformers")
+    server = start_server(tmp_path, executor="transformers", parameters=parameters)
     try:
         prompt = SHARED + list(range(6000, 6040))
         reused = []
@@ -204,6 +206,6 @@ def test_reuse_is_visible_in_the_perf_outputs_of_a_real_server(tmp_path):
                                  token_inputs(prompt, 2, return_perf_metrics=(True, np.bool_)), timeout_s=120)
             assert result.errors == [] and result.finals == 1
             reused.append(int(result.responses[-1].as_numpy("kv_cache_reused_blocks").reshape(-1)[0]))
-        assert reused == [0, 3]  # a fresh server; then 3 of the 4 full blocks (the last is always computed)
+        assert reused == expected
     finally:
         server.stop()

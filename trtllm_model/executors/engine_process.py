@@ -58,6 +58,7 @@ class EngineSpec:
     kv_cache_memory_bytes: int | None = None
     kv_cache_free_gpu_mem_fraction: float | None = None
     stats_max_iterations: int = 1000
+    enable_kv_cache_reuse: bool = True
 
 
 @dataclass(slots=True)
@@ -356,7 +357,8 @@ def build_engine(spec: EngineSpec):
         fraction = spec.kv_cache_free_gpu_mem_fraction
         memory = default_kv_cache_bytes(runner.device, DEFAULT_FREE_GPU_MEM_FRACTION if fraction is None else fraction)
     budget = KvBudget(memory, runner.kv_bytes_per_token)
-    engine = Engine(runner, EngineConfig(spec.max_batch_size, spec.max_num_tokens, budget, spec.stats_max_iterations))
+    engine = Engine(runner, EngineConfig(spec.max_batch_size, spec.max_num_tokens, budget, spec.stats_max_iterations,
+                                         spec.enable_kv_cache_reuse))
     eos = getattr(getattr(loaded.model, "generation_config", None), "eos_token_id", None)
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None

@@ -276,6 +276,7 @@ def create(params: Params) -> Executor:
             cache_dir=params.str("model_cache_dir"), device=device, dtype=dtype, torch_threads=threads,
             max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, kv_cache_memory_bytes=kv_cache_memory_bytes,
             kv_cache_free_gpu_mem_fraction=fraction, stats_max_iterations=stats_max_iterations,
+            enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
         )
         executor = TransformersExecutor.in_worker_process(
             spec,
