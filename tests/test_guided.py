@@ -218,3 +218,11 @@ def test_every_guide_type_reaches_the_llm_apis_guided_decoding_params(fake_trtll
         assert steps[-1].is_final and steps[-1].error is None
     finally:
         executor.shutdown()
+
+
+def test_a_guided_answer_ends_with_its_grammar_even_under_min_tokens(executor, loaded):
+    """ignore_eos (min_tokens = max_tokens) with a guide: the grammar's end is the answer's end, not an error."""
+    prompt = chat(loaded.tokenizer, "Is the sea blue?")
+    [(tokens, reason)] = run(executor, [guided(prompt, "ebnf_grammar", YES_NO, max_tokens=64, min_tokens=64)])
+    assert reason is FinishReason.END_ID
+    assert re.fullmatch(r"(yes|no) because [a-z ]{1,20}\.", loaded.tokenizer.decode(tokens))

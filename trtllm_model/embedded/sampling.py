@@ -99,7 +99,8 @@ def banned_next_tokens(state: SamplingState) -> list[int]:
         prefix = word[:-1]
         if len(tokens) >= len(prefix) and tokens[len(tokens) - len(prefix) :] == prefix:
             banned.append(word[-1])
-    if state.end_id is not None and state.num_output < state.params.min_tokens:
+    # A guided sequence may end where its grammar lets it (the mask allows nothing else then), min_tokens or not.
+    if state.end_id is not None and state.num_output < state.params.min_tokens and state.guide is None:
         banned.append(state.end_id)
     return banned
 

@@ -116,7 +116,7 @@ class Sequence:
 
     def accept(self, token: int, log_prob: float | None, max_positions: int) -> Step:
         """Take the sampled token; returns the step for the client (final if the sequence ended here)."""
-        if token == self.end_id and self.num_output >= self.sampling.min_tokens:
+        if token == self.end_id and (self.num_output >= self.sampling.min_tokens or self.guide is not None):
             # The end token itself is not part of the output (as in TensorRT-LLM).
             self.finish(FinishReason.END_ID)
             return self.step([], None)
