@@ -7,6 +7,9 @@
 # tritonserver flags for every later server; sanity: the synthetic streaming e2e tests), each under its own time limit, each writing to $RESULTS;
 # the results are packed into $OUT/results.tgz after every step, so a cut-short run still returns what it had.
 # ENGINE_ARGS, SERVING_ARGS, E2E_ARGS replace each benchmark's arguments.
+# ENGINE_MODES="process thread" (default: both, in that order) runs the engine, engine-profile and e2e steps once per
+# layout of the embedded engine: in its worker process (config engine_process=true, bench/engine.py --engine-process)
+# or on a thread of the stub (engine_process=false). DRY_RUN=1 prints each step's command instead of running it.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 RUN="$HERE/run_on_gpu.sh"
@@ -18,24 +21,30 @@ ENGINE_ARGS=${ENGINE_ARGS:---device cuda --levels 1,32,128,256 --prompts 8 --seq
 SERVING_ARGS=${SERVING_ARGS:---loads 0 64 256 512 1024 --max-batch 1100 --client-procs 6 --warmup 2 --window 5 \
 --idle-s 2 --in-process-samples 50 --skip-perf-analyzer --no-plot --quiet-timeout 5 --profile-s 4}
 E2E_ARGS=${E2E_ARGS:---device cuda --loads 64 256 --warmup 3 --window 8 --client-procs 4 --profile-s 4}
+ENGINE_MODES=${ENGINE_MODES:-process thread}
+DRY=""
+if [ "${DRY_RUN:-0}" = 1 ]; then DRY=echo; fi
 mkdir -p "$OUT" "$RESULTS"
 
-"$RUN" setup "$@" || exit 1
+engine_flag() { [ "$1" = process ] && echo --engine-process; }
+engine_param() { [ "$1" = process ] && echo engine_process=true || echo engine_process=false; }
+
+$DRY "$RUN" setup "$@" || exit 1
 # The dequantised SmolLM2 is made once here, not inside a model's initialize().
-"$RUN" python -c 'from trtllm_model.embedded.model_loading import load_tokenizer; load_tokenizer()' 2>&1 | tail -2
+$DRY "$RUN" python -c 'from trtllm_model.embedded.model_loading import load_tokenizer; load_tokenizer()' 2>&1 | tail -2
 pack() { tar -czf "$OUT/results.tgz" -C "$RESULTS" . ; }
 step() {  # step LIMIT_S NAME ARGS...
   local limit=$1; shift
   echo "=== $(date -u +%H:%M:%S) $*"
-  timeout -k 10 "$limit" "$RUN" "$@"
+  $DRY timeout -k 10 "$limit" "$RUN" "$@"
   local rc=$?
   echo "=== $(date -u +%H:%M:%S) $1 exit $rc"
   pack
 }
 
 echo "=== host: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
-"$RUN" python -c 'import torch, transformers, numpy; print("torch", torch.__version__, "cuda", torch.version.cuda,
+$DRY nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+$DRY "$RUN" python -c 'import torch, transformers, numpy; print("torch", torch.__version__, "cuda", torch.version.cuda,
 "transformers", transformers.__version__, "numpy", numpy.__version__)'
 for name in $STEPS; do
   case "$name" in
@@ -46,14 +55,17 @@ for name in $STEPS; do
       echo "=== TRITON_SERVER_ARGS=$TRITON_SERVER_ARGS" ;;
     sanity) step 90 test -q -x -p no:cacheprovider --basetemp="$RESULTS/pytest-sanity" tests/test_e2e_streaming.py ;;
     test) step 170 test -q -x -s -p no:cacheprovider --basetemp="$RESULTS/pytest-cuda" tests/test_cuda_transformers.py ;;
-    engine) step 110 engine $ENGINE_ARGS ;;
+    engine) for mode in $ENGINE_MODES; do step 110 engine $ENGINE_ARGS $(engine_flag "$mode"); done ;;
     engine-profile)  # where the engine's time goes at 128 requests in flight (py-spy, sampling without pausing)
-      step 90 exec py-spy record --nonblocking --threads -r 100 -f raw -o "$RESULTS/profile-engine-128.txt" -- \
-        "${PYTHON:-python3}" -P bench/engine.py --device cuda --levels 128 --prompts 128 --skip-sequential --threads 4 ;;
+      for mode in $ENGINE_MODES; do
+        step 90 exec py-spy record --nonblocking --threads --subprocesses -r 100 -f raw \
+          -o "$RESULTS/profile-engine-128-$mode.txt" -- "${PYTHON:-python3}" -P bench/engine.py --device cuda \
+          --levels 128 --prompts 128 --skip-sequential --threads 4 $(engine_flag "$mode")
+      done ;;
     serving) step 230 serving $SERVING_ARGS ;;
     serving-variant) step 60 serving ${SERVING_VARIANT_ARGS:---models ours --loads 1024 --max-batch 1100 --client-procs 6 \
 --warmup 2 --window 5 --idle-s 1 --in-process-samples 20 --skip-perf-analyzer --no-plot --param sender_threads=8} ;;
-    e2e) step 150 e2e $E2E_ARGS ;;
+    e2e) for mode in $ENGINE_MODES; do step 150 e2e $E2E_ARGS --param "$(engine_param "$mode")"; done ;;
     *) echo "unknown step $name" ;;
   esac
 done

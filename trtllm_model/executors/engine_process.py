@@ -130,7 +130,10 @@ class EngineProcess:
         self.process = subprocess.Popen(
             [_python(), "-m", "trtllm_model.executors.engine_process", self._dir],
             stdin=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(path or os.getcwd() for path in sys.path)},
+            # This interpreter's sys.path, and nothing before it (PYTHONSAFEPATH: not the working directory, which on
+            # the GPU host holds the stub's own numpy): the worker imports what the stub imported.
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(path or os.getcwd() for path in sys.path),
+                 "PYTHONSAFEPATH": "1"},
         )
         try:
             self._send(("spec", spec))
