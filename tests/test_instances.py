@@ -4,13 +4,16 @@ executor is pinned to them (trtllm_model/instances.py)."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from trtllm_model import instances
+from trtllm_model.configure import DEFAULT_TEMPLATES, render_models
+from trtllm_model.configure import main as configure
 from trtllm_model.instances import Instance, instance_of, parse_gpu_device_ids, pinned_parameters
 from trtllm_model.metrics import MetricsReporter
-from trtllm_model.params import ConfigError
+from trtllm_model.params import ConfigError, parameters_from_model_config
 
 
 def _config(*groups: dict) -> dict:
@@ -161,3 +164,33 @@ def test_every_series_of_an_instance_carries_its_label(label):
     assert backend.labels
     for labels in backend.labels:
         assert labels.get("model_instance") == label
+
+
+# -- trtllm-triton configure --instances N --gpu-device-ids IDS ------------------------------------------------------
+ENGINE_TEMPLATE = (DEFAULT_TEMPLATES / "tensorrt_llm_engine" / "config.pbtxt").read_text()
+
+
+def test_configure_writes_the_instance_count_and_one_gpu_group_each(tmp_path, capsys):
+    text = render_models({"tensorrt_llm": ENGINE_TEMPLATE}, "trtllm_engine", {"gpt_model_path": "/e"}, 2, "0,1;2,3")[
+        "tensorrt_llm"]
+    assert "instance_group [ { count: 2, kind: KIND_CPU } ]" in text
+    assert parameters_from_model_config(_pbtxt_parameters(text))["gpu_device_ids"] == "0,1;2,3"
+
+    assert configure(["--layout", "llmapi", "--output", str(tmp_path / "llmapi"), "--instances", "2",
+                      "--gpu-device-ids", "0;0"]) == 0
+    text = (tmp_path / "llmapi" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert "instance_group [ { count: 2, kind: KIND_CPU } ]" in text and 'string_value: "0;0"' in text
+
+
+def test_configure_refuses_gpu_groups_that_do_not_match_the_instances(tmp_path, capsys):
+    assert configure(["--layout", "llmapi", "--output", str(tmp_path / "bad"), "--instances", "2",
+                      "--gpu-device-ids", "0;1;2"]) == 2
+    assert "3 GPU group(s) for 2 instance(s)" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    with pytest.raises(ConfigError, match="gpu_device_ids"):
+        render_models({"tensorrt_llm": ENGINE_TEMPLATE}, "trtllm_engine", {"gpt_model_path": "/e",
+                                                                          "gpu_device_ids": "0;1"})
+
+
+def _pbtxt_parameters(text: str) -> dict:
+    pairs = re.findall(r'key: "([^"]+)"\s*value: \{ string_value: "([^"]*)" \}', text)
+    return {"parameters": {key: {"string_value": value} for key, value in pairs}}

@@ -13,6 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from .instances import parse_gpu_device_ids
 from .params import ConfigError, Params
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +57,8 @@ BOOL_KEYS = ("enable_kv_cache_reuse", "enable_chunked_context", "kv_cache_onboar
              "accumulate_tokens")
 DECOUPLED_LINE = re.compile(r"model_transaction_policy \{ decoupled: (true|false) \}")
 FRACTION_KEYS = ("kv_cache_free_gpu_mem_fraction", "gpu_weights_percent")
-INT_LIST_KEYS = ("max_attention_window_size", "gpu_device_ids", "participant_ids")
+INT_LIST_KEYS = ("max_attention_window_size", "participant_ids")
+INSTANCE_GROUP = re.compile(r"instance_group \[ \{ count: (\d+), kind: KIND_CPU \} \]")
 CHOICES = {
     "gpt_model_type": ("inflight_fused_batching", "inflight_batching", "v1", "V1"),
     "batch_scheduler_policy": ("max_utilization", "guaranteed_no_evict", "static_batch"),
@@ -88,6 +90,8 @@ def check_values(values: dict[str, str]) -> None:
         params.int_list(key)
     for key, choices in CHOICES.items():
         params.str(key, choices=choices)
+    if params.is_set("gpu_device_ids"):
+        parse_gpu_device_ids(params.str("gpu_device_ids"))
 
 
 def render(template: str, executor: str, values: dict[str, str]) -> str:
@@ -95,7 +99,10 @@ def render(template: str, executor: str, values: dict[str, str]) -> str:
     return render_models({MODEL_NAME: template}, executor, values)[MODEL_NAME]
 
 
-def render_models(templates: dict[str, str], executor: str, values: dict[str, str]) -> dict[str, str]:
+def render_models(
+    templates: dict[str, str], executor: str, values: dict[str, str], instances: int | None = None,
+    gpu_device_ids: str | None = None,
+) -> dict[str, str]:
     """Each model's config.pbtxt with its placeholders filled; a key fills every template that has it (NVIDIA's
     tokenizer_dir: tensorrt_llm, preprocessing and postprocessing). A key that no template has is an error."""
     placeholders = set().union(*(PLACEHOLDER.findall(text) for text in templates.values()))
@@ -114,7 +121,36 @@ def render_models(templates: dict[str, str], executor: str, values: dict[str, st
     for key, value in filled.items():
         if '"' in value or "\n" in value or "\\" in value:
             raise ConfigError(f"--set {key}: quotes, backslashes and newlines are not allowed in a value")
-    return {name: PLACEHOLDER.sub(lambda match: filled.get(match.group(1), ""), text) for name, text in templates.items()}
+    configs = {name: PLACEHOLDER.sub(lambda match: filled.get(match.group(1), ""), text) for name, text in templates.items()}
+    if MODEL_NAME in configs:
+        if gpu_device_ids and filled.get("gpu_device_ids", gpu_device_ids) != gpu_device_ids:
+            raise ConfigError("--gpu-device-ids and --set gpu_device_ids disagree; give one of them")
+        configs[MODEL_NAME] = with_instances(configs[MODEL_NAME], instances,
+                                             gpu_device_ids or filled.get("gpu_device_ids"))
+    return configs
+
+
+def with_instances(config_text: str, count: int | None, gpu_device_ids: str | None) -> str:
+    """tensorrt_llm's config.pbtxt with `count` instances (None: as it is) and NVIDIA's gpu_device_ids, one group of
+    GPUs per instance (docs/deploy.md, "Several instances")."""
+    group = INSTANCE_GROUP.search(config_text)
+    if group is None:
+        raise ConfigError("config.pbtxt has no `instance_group [ { count: N, kind: KIND_CPU } ]` line")
+    if count is not None:
+        if count < 1:
+            raise ConfigError(f"--instances {count}: must be at least 1")
+        config_text = INSTANCE_GROUP.sub(f"instance_group [ {{ count: {count}, kind: KIND_CPU }} ]", config_text)
+    count = count if count is not None else int(group.group(1))
+    if not gpu_device_ids or gpu_device_ids.startswith("${"):
+        return config_text
+    groups = parse_gpu_device_ids(gpu_device_ids)
+    if len(groups) != count:
+        raise ConfigError(f"gpu_device_ids={gpu_device_ids!r} has {len(groups)} GPU group(s) for {count} instance(s); "
+                          "give one group per instance (semicolons between them) or set --instances")
+    block = re.compile(r'(key: "gpu_device_ids"\s*value: \{ string_value: ")[^"]*(" \})')
+    if block.search(config_text):
+        return block.sub(lambda match: f"{match.group(1)}{gpu_device_ids}{match.group(2)}", config_text)
+    return config_text + f'parameters: {{\n  key: "gpu_device_ids"\n  value: {{ string_value: "{gpu_device_ids}" }}\n}}\n'
 
 
 def with_decoupled(config_text: str, decoupled: bool) -> str:
@@ -203,10 +239,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "postprocessing, tensorrt_llm_bls)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --output directory")
     parser.add_argument("--list-keys", action="store_true", help="print the template's keys and exit")
+    parser.add_argument("--instances", type=int, metavar="N",
+                        help="instances of tensorrt_llm (instance_group count; Triton spreads requests over them)")
+    parser.add_argument("--gpu-device-ids", metavar="IDS",
+                        help='NVIDIA\'s gpu_device_ids: each instance\'s GPUs, e.g. "0;1" (one GPU each) or "0,1;2,3"')
     return parser
 
 
-def write_llmapi_repository(output: Path, assignments: list[str], decoupled: str | None, force: bool) -> None:
+def write_llmapi_repository(
+    output: Path, assignments: list[str], decoupled: str | None, force: bool, instances: int | None = None,
+    gpu_device_ids: str | None = None,
+) -> None:
     """NVIDIA's LLM API layout (tensorrt_llm/config.pbtxt + 1/model.yaml) from model_repository_llmapi, with
     `--set key=value` written into model.yaml (values read as YAML; `triton_config.key` for that section)."""
     import yaml
@@ -231,6 +274,8 @@ def write_llmapi_repository(output: Path, assignments: list[str], decoupled: str
         model_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
     try:
         read_model_yaml(model_yaml)
+        config = output / MODEL_NAME / "config.pbtxt"
+        config.write_text(with_instances(config.read_text(), instances, gpu_device_ids))
     except ConfigError:
         shutil.rmtree(output)
         raise
@@ -261,7 +306,7 @@ def main(argv: list[str]) -> int:
         values = parse_assignments(args.assignments)
         if args.decoupled is not None and values.setdefault("decoupled_mode", args.decoupled) != args.decoupled:
             raise ConfigError("--decoupled and --set decoupled_mode disagree; give one of them")
-        configs = render_models(templates, args.executor, values)
+        configs = render_models(templates, args.executor, values, args.instances, args.gpu_device_ids)
         skipped = tokenizerless_models(configs, args.executor, values)
         write_repository(args.output, {m: t for m, t in configs.items() if m not in skipped}, ensemble, args.force)
     except ConfigError as exc:
@@ -289,9 +334,14 @@ def llmapi_main(argv: list[str]) -> int:
                         help="a model.yaml key (an LLM argument, executor, or triton_config.KEY); repeatable")
     parser.add_argument("--decoupled", choices=("true", "false"), help="same as --set triton_config.decoupled=...")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --output directory")
+    parser.add_argument("--instances", type=int, metavar="N",
+                        help="instances of tensorrt_llm (instance_group count; Triton spreads requests over them)")
+    parser.add_argument("--gpu-device-ids", metavar="IDS",
+                        help='NVIDIA\'s gpu_device_ids: each instance\'s GPUs, e.g. "0;1" (one GPU each) or "0,1;2,3"')
     args = parser.parse_args(argv)
     try:
-        write_llmapi_repository(args.output, args.assignments, args.decoupled, args.force)
+        write_llmapi_repository(args.output, args.assignments, args.decoupled, args.force, args.instances,
+                                args.gpu_device_ids)
     except ConfigError as exc:
         print(f"trtllm-triton configure: {exc}", file=sys.stderr)
         return 2
