@@ -254,7 +254,12 @@ def through_triton(args, loads: list[int], workdir: Path) -> list[dict]:
                   **dict(item.split("=", 1) for item in args.param)}
     if args.dtype:
         parameters["dtype"] = args.dtype
-    server = start_server(workdir, executor="transformers", parameters=parameters, ready_timeout_s=600)
+    if "gpu_device_ids" in parameters:  # each instance's device comes from its group, not one `device` for all
+        del parameters["device"]
+    one = "instance_group [ { count: 1, kind: KIND_CPU } ]"
+    edits = {one: one.replace("count: 1", f"count: {args.instances}")} if args.instances > 1 else None
+    server = start_server(workdir, executor="transformers", parameters=parameters, ready_timeout_s=600,
+                          config_edits=edits)
     texts = questions(args.prompts)
     points = []
     try:
@@ -332,6 +337,8 @@ def main() -> int:
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config.pbtxt parameter of the served model (e.g. sender_threads=8)")
     parser.add_argument("--profile-s", type=float, default=0.0, help="py-spy the served model this long at each load")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="instances of tensorrt_llm (with --param gpu_device_ids=0;1: one per GPU)")
     parser.add_argument("--skip-in-process", action="store_true")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
