@@ -9,7 +9,9 @@ in its mailbox as one response (one IPC round trip instead of many), so its resp
 under load; requests still waiting for their first token are delivered first.
 
 Delivery guarantees the final response: whatever fails while the responses are built or sent, a request whose
-final response has not left gets one (an error), and only then is it ENDED.
+final response has not left gets one (an error), and only then is it ENDED. Right before a request's final response
+is sent, `on_final_ready` runs once (the metrics record the request then, so a scrape that follows the final
+response finds it).
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ class Dispatcher:
         on_ended: Callable[[RequestContext, bool], None],
         workers: int,
         await_timeout_s: float,
+        on_final_ready: Callable[[RequestContext], None] = lambda ctx: None,
     ) -> None:
         self.executor = executor
         self.assembler = assembler
         self._route = route
         self._executor_failed = executor_failed
         self._on_ended = on_ended  # (ctx, delivery_failed): after the final response left
+        self._on_final_ready = on_final_ready  # ctx: its final response is built and about to be sent
         self.await_timeout_s = await_timeout_s
         self.running = True
         self.polling_allowed = True  # False once the executor failed: nobody waits on it again
@@ -160,6 +164,8 @@ class Dispatcher:
         try:
             for message in self.assembler.messages(ctx, steps, failure):
                 final_tried = message.final
+                if message.final:
+                    self._on_final_ready(ctx)
                 _send(ctx, message)
             return False
         except Exception as exc:
@@ -169,6 +175,7 @@ class Dispatcher:
             if not final_tried:
                 ctx.finish_reason = "cancelled" if gone else "error"
                 final_tried = True
+                self._on_final_ready(ctx)
                 try:
                     _send(ctx, ErrorReply(ErrorCode.INTERNAL, f"response failed: {type(exc).__name__}: {exc}"))
                 except Exception:  # the stream is gone: nobody is left to tell

@@ -1,9 +1,12 @@
 """Triton custom metrics, kept off the token path.
 
 Every metric call is an IPC round trip to the Triton server, so nothing here runs on the threads that move
-tokens: the poller's `on_finished` hook (`MetricsReporter.record_finished`) only appends a small record to a
-deque. A metrics thread wakes every `stats_check_period_ms`, reads the executor's iteration stats and those
-records, and then makes the few metric calls that are needed:
+tokens: the poller's `on_finished` hook (`MetricsReporter.record_finished`) appends a small record to a deque and
+wakes the metrics thread. It runs right before a request's final response is sent and waits (at most
+`FINAL_WAIT_S`) until the metrics thread has flushed that record: a scrape that follows the final response finds
+the request (NVIDIA's checks read the histograms right after the responses). The thread also wakes every
+`stats_check_period_ms`, reads the executor's iteration stats and the records, and makes the few metric calls
+that are needed:
 
 - gauges (NVIDIA's `nv_trt_llm_*` families) are set only when their value changed, so an idle server makes no
   metric calls at all;
@@ -22,6 +25,7 @@ is unit-testable without Triton. See docs/observability.md for what each metric 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -90,6 +94,8 @@ DROPPED = "nv_llm_metrics_dropped_observations_total"
 MAX_BACKLOG = 10_000
 # Time the final flush in finalize() may spend on histogram observations.
 FINAL_FLUSH_BUDGET_S = 2.0
+# The longest a final response waits for its request's metrics (a slow or failing flush must not hold it longer).
+FINAL_WAIT_S = 0.1
 
 
 # -- the backend: what this module needs from Triton --------------------------------------------------------------
@@ -128,9 +134,10 @@ class FinishedRecord:
     prompt_tokens: int
     output_tokens: int
     finish_reason: str
+    ticket: int = 0  # order of recording: the flush reports the last one it observed
 
     @classmethod
-    def from_context(cls, ctx: RequestContext, now_ns: int | None = None) -> FinishedRecord:
+    def from_context(cls, ctx: RequestContext, now_ns: int | None = None, ticket: int = 0) -> FinishedRecord:
         return cls(
             arrival_ns=ctx.arrival_ns,
             enqueued_ns=ctx.enqueued_ns,
@@ -140,6 +147,7 @@ class FinishedRecord:
             prompt_tokens=len(ctx.parsed.prompt_ids),
             output_tokens=ctx.num_output_tokens,
             finish_reason=ctx.finish_reason or "error",
+            ticket=ticket,
         )
 
     def reason_label(self) -> str:
@@ -221,6 +229,9 @@ class MetricsReporter:
         self._gauge_values: dict[tuple[str, str], float] = {}
         self._stop = threading.Event()
         self._finished_event = threading.Event()  # a request finished: flush now, not at the end of the period
+        self._tickets = itertools.count(1)  # next() is atomic: records from several workers stay ordered
+        self._observed = 0  # ticket of the last record the flush observed (or dropped)
+        self._observed_changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
         self._failures = 0
         self._drops = 0
@@ -255,9 +266,14 @@ class MetricsReporter:
 
     # -- called from the poller workers: no metric calls, no locks ------------------------------------------
     def record_finished(self, ctx: RequestContext) -> None:
-        """The poller's on_finished hook: remember what the metrics need; the metrics thread does the rest."""
-        self._records.append(FinishedRecord.from_context(ctx))  # deque.append is thread-safe
+        """The poller's on_finished hook, right before the final response: remember what the metrics need, and
+        wait (at most FINAL_WAIT_S) for the metrics thread to flush it, so the response leaves recorded."""
+        ticket = next(self._tickets)
+        self._records.append(FinishedRecord.from_context(ctx, ticket=ticket))  # deque.append is thread-safe
         self._finished_event.set()
+        if self._thread.is_alive():
+            with self._observed_changed:
+                self._observed_changed.wait_for(lambda: self._observed >= ticket, FINAL_WAIT_S)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -346,7 +362,7 @@ class MetricsReporter:
         if overflow <= 0:
             return
         for _ in range(overflow):
-            self._unobserved.popleft()
+            self._mark_observed(self._unobserved.popleft().ticket)  # dropped: nobody waits for it any longer
         self._dropped.increment(overflow)
         self._drops += 1
         if self._drops == 1 or self._drops % 100 == 0:  # sustained overload: don't flood the log 10 times a second
@@ -360,8 +376,15 @@ class MetricsReporter:
             self._output_len.observe(record.output_tokens)
             for name, seconds in record.latencies().items():
                 self._latency[name].observe(max(0.0, seconds))
+            self._mark_observed(record.ticket)
             if time.monotonic() >= deadline:
                 return
+
+    def _mark_observed(self, ticket: int) -> None:
+        """Counters and histograms of every record up to `ticket` are in: release the final responses waiting."""
+        with self._observed_changed:
+            self._observed = max(self._observed, ticket)
+            self._observed_changed.notify_all()
 
     def _count(self, records: list[FinishedRecord]) -> None:
         if not records:
