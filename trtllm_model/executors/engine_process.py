@@ -1,8 +1,8 @@
 """The embedded engine in a worker process of its own, so that its steps do not share the stub's interpreter (and
 GIL) with the poller's sends (issue 24; TensorRT-LLM's LLM API and vLLM's V1 run their engines the same way).
 
-The stub keeps request checks, the tokenizer and everything Triton; the worker
-(`python -m trtllm_model.executors.engine_process`) loads the model from the same parameters and runs the `Engine`.
+The stub keeps request checks, the tokenizer and everything Triton; the worker (`main`, in a fresh interpreter with
+the stub's sys.path) loads the model from the same parameters and runs the `Engine`.
 Transport: two pyzmq PUSH/PULL pairs over ipc:// sockets in a private temporary directory. A message is a pickle
 (protocol 5) of plain tuples and dataclasses; numpy arrays (logits) travel as out-of-band frames, not copied into
 the pickle.
@@ -127,14 +127,12 @@ class EngineProcess:
         self._stopped = False
         self._sent_submits = 0
         self._queued_seen = (0, 0)  # (queued, submits the worker had seen) in its latest message
-        self.process = subprocess.Popen(
-            [_python(), "-m", "trtllm_model.executors.engine_process", self._dir],
-            stdin=subprocess.PIPE,
-            # This interpreter's sys.path, and nothing before it (PYTHONSAFEPATH: not the working directory, which on
-            # the GPU host holds the stub's own numpy): the worker imports what the stub imported.
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(path or os.getcwd() for path in sys.path),
-                 "PYTHONSAFEPATH": "1"},
-        )
+        # The worker gets this interpreter's sys.path once it has started (not PYTHONPATH, which would also steer
+        # the interpreter's own start-up imports): it imports what the stub imported, and not from its working
+        # directory (which on the GPU host holds the stub's own numpy).
+        path = [entry or os.getcwd() for entry in sys.path]
+        bootstrap = f"import sys; sys.path[:] = {path!r}; from {__name__} import main; main({[self._dir]!r})"
+        self.process = subprocess.Popen([_python(), "-c", bootstrap], stdin=subprocess.PIPE)
         try:
             self._send(("spec", spec))
             self.info = self._wait_ready(ready_timeout_s)
@@ -379,10 +377,3 @@ def main(argv: list[str]) -> None:
     _Worker(argv[0]).run()
     logging.shutdown()
     os._exit(0)  # not a normal exit: the parent-watch thread is blocked reading stdin
-
-
-if __name__ == "__main__":
-    # Run the module under its package name, so what it pickles (WorkerInfo) names a module the stub can import.
-    from trtllm_model.executors import engine_process
-
-    engine_process.main(sys.argv[1:])
