@@ -161,7 +161,7 @@ def test_the_queue_bound_counts_requests_waiting_in_the_worker(executor, prompt)
         pair = {executor.enqueue(long), executor.enqueue(long)}
         running += pair
         started, deadline = set(), time.monotonic() + 120
-        while started != pair:  # their first tokens: admitted, and the worker has reported its queue since
+        while not pair <= started:  # their first tokens: admitted, and the worker has reported its queue since
             assert time.monotonic() < deadline
             started |= {step.request_id for step in executor.await_steps(0.1)}
     waiting = [executor.enqueue(long) for _ in range(2)]  # max_queue_size 2: these wait

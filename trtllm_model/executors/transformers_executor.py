@@ -9,7 +9,10 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   model_cache_dir  where the dequantised SmolLM2 is kept (default $XDG_CACHE_HOME/trtllm_triton)
   device           cpu (default), cuda or cuda:N
   dtype            float32 (default on CPU), bfloat16 (default on CUDA) or float16
-  torch_threads    torch intra-op threads (process-wide); unset: torch's default
+  torch_threads    torch intra-op threads; unset on CPU: one per core of this process's affinity that other
+                   processes do not keep busy, measured every second (embedded/cpu_share.py), at least one
+  engine_process   true (default): the engine runs in a worker process of its own (executors/engine_process.py),
+                   the stub keeps request checks, tokenizer and sends; false: on a thread of the stub
   max_num_tokens   tokens through the model per step: decoding sequences + prefilled prompt tokens (default 2048)
   kv_cache_memory_bytes  the memory of the KV block pool, allocated at load (blocks of 16 tokens); a request
                    joins the batch only while the free blocks hold its prompt + max_tokens (less the blocks it
