@@ -1,4 +1,4 @@
-"""End to end: the transformers executor's engine in its worker process (the default, `engine_process`), behind a
+"""End to end: the transformers executor's engine in its worker process (`engine_process`, the default on CUDA), behind a
 real tritonserver. A SIGKILL of the worker mid-stream takes the executor-death path: every open stream, token- and
 text-level, ends with one UNAVAILABLE final and the model reports not ready; the worker never outlives the server."""
 
@@ -25,7 +25,7 @@ def engine_workers(server) -> list[psutil.Process]:
 
 
 def test_killing_the_engine_worker_mid_stream_ends_every_stream_unavailable_and_the_model_not_ready(tmp_path):
-    server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "4"})
+    server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "4", "engine_process": "true"})
     try:
         (worker,) = engine_workers(server)
         client = StreamClient(server.grpc_url)
@@ -61,7 +61,7 @@ def test_killing_the_engine_worker_mid_stream_ends_every_stream_unavailable_and_
 
 
 def test_the_worker_serves_and_ends_with_the_server(tmp_path):
-    server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "2"})
+    server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "2", "engine_process": "true"})
     try:
         (worker,) = engine_workers(server)
         result = stream_once(server.grpc_url, "ensemble", text_inputs("What is the capital of France?", 16,

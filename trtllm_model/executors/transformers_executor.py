@@ -11,8 +11,9 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   dtype            float32 (default on CPU), bfloat16 (default on CUDA) or float16
   torch_threads    torch intra-op threads; unset on CPU: one per core of this process's affinity that other
                    processes do not keep busy, measured every second (embedded/cpu_share.py), at least one
-  engine_process   true (default): the engine runs in a worker process of its own (executors/engine_process.py),
-                   the stub keeps request checks, tokenizer and sends; false: on a thread of the stub
+  engine_process   true: the engine runs in a worker process of its own (executors/engine_process.py), the stub
+                   keeps request checks, tokenizer and sends; false: on a thread of the stub. Default: true on
+                   CUDA, false on CPU (measured in docs/performance.md)
   max_num_tokens   tokens through the model per step: decoding sequences + prefilled prompt tokens (default 2048)
   kv_cache_memory_bytes  the memory of the KV block pool, allocated at load (blocks of 16 tokens); a request
                    joins the batch only while the free blocks hold its prompt + max_tokens (less the blocks it
@@ -73,7 +74,6 @@ PARAMETERS = frozenset(
 
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_NUM_TOKENS = 2048
-DEFAULT_ENGINE_PROCESS = True
 
 
 class TransformersExecutor(Executor):
@@ -273,7 +273,9 @@ def create(params: Params) -> Executor:
     fraction = params.float("kv_cache_free_gpu_mem_fraction", DEFAULT_FREE_GPU_MEM_FRACTION, minimum=0.0, maximum=1.0)
     max_batch_size = params.int("max_batch_size", DEFAULT_MAX_BATCH_SIZE, minimum=1)
     stats_max_iterations = params.int("iter_stats_max_iterations", 1000, minimum=1)
-    if params.bool("engine_process", DEFAULT_ENGINE_PROCESS):
+    # On CUDA the worker process frees the engine's steps from the stub's GIL (the point of issue 24); on a small CPU
+    # host the thread measured as fast or faster (docs/performance.md), so it stays the default there.
+    if params.bool("engine_process", device != "cpu"):
         spec = EngineSpec(
             model_dir=params.str("model_dir"), tokenizer_dir=params.str("tokenizer_dir"),
             cache_dir=params.str("model_cache_dir"), device=device, dtype=dtype, torch_threads=threads,
