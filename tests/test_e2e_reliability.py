@@ -309,7 +309,7 @@ def test_past_the_queue_bound_requests_get_unavailable_at_once_and_accepted_ones
             (refused if result.errors else accepted).append((i, result))
         assert len(accepted) == 6 and len(refused) == 6
         for _, result in refused:
-            assert result.errors[0].startswith("UNAVAILABLE") and "max_queue_size" in result.errors[0]
+            assert result.errors[0].startswith("UNAVAILABLE") and "Exceeds maximum queue size" in result.errors[0]
         for i, result in accepted:
             assert result.tokens() == expected([i], 20) and result.finals == 1
         assert time.monotonic() - started < 5
