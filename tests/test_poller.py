@@ -306,3 +306,33 @@ def test_readiness_falls_when_the_executor_fails(poller):
     p.submit(context([9], 10000, stream, crash_at="2"))
     assert stream.done.wait(2)
     assert not p.accepting
+
+
+def test_on_finished_runs_once_per_request_before_its_final_response_is_sent(poller):
+    # NVIDIA's metric checks read the histograms right after the final response: the metrics hook must come first,
+    # once, also when the final send fails (the client left) or the final is an error.
+    class FlushFails:
+        def push(self, tokens):
+            return "x" * len(tokens)
+
+        def flush(self):
+            raise ValueError("flush bug")
+
+    seen: dict[int, list[int]] = {}
+
+    def on_finished(ctx):  # how many responses the stream had when the hook ran
+        seen.setdefault(ctx.parsed.prompt_ids[0], []).append(len(ctx.stream.responses))
+
+    p = poller(on_finished=on_finished, detokenizer_factory=FlushFails)
+    ok, gone_at_final, bug = ListStream(), ListStream(fail_after=0), ListStream()
+    p.submit(context([1], 3, ok, streaming=False))
+    p.submit(context([2], 3, gone_at_final, streaming=False))
+    text = context([3], 4, bug)
+    text.parsed.text_mode = True
+    p.submit(text)
+    assert ok.done.wait(5) and bug.done.wait(5)
+    deadline = time.monotonic() + 5
+    while len(seen) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == {1: [0], 2: [0], 3: [len(bug.responses) - 1]}
+    assert ok.finals() == 1 and bug.finals() == 1 and bug.responses[-1][0] == "error"
