@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
 import pytest
 import torch
 
-from trtllm_model.embedded.cpu_share import busy_jiffies, threads_for
+from trtllm_model.embedded.cpu_share import FreeCoreThreads, busy_jiffies, threads_for
 from trtllm_model.executor_interface import (
     ExecutorError,
     FinishReason,
@@ -91,6 +92,30 @@ def test_busy_jiffies_counts_only_the_given_cpus_without_idle_and_iowait():
                                                               (16, 3.9, 12), (1, 0.0, 1)])
 def test_threads_leave_out_the_cores_other_processes_keep_busy(cores, elsewhere, threads):
     assert threads_for(cores, elsewhere) == threads
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) > 8, reason="one busy loop per core")
+def test_with_every_core_busy_elsewhere_the_forward_runs_on_one_thread():
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    share = FreeCoreThreads(sample_s=0.5).start()
+    try:
+        deadline = time.monotonic() + 10
+        while share.threads != 1:
+            assert time.monotonic() < deadline, f"still {share.threads} threads beside {len(spinners)} busy loops"
+            time.sleep(0.1)
+        model = torch.nn.Linear(4, 4)
+        share.attach(model)
+        seen = []
+        model.register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+        worker = threading.Thread(target=lambda: model(torch.ones(1, 4)))  # as the engine's own thread
+        worker.start()
+        worker.join()
+        assert seen == [1]
+    finally:
+        share.stop()
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 # -- across the boundary --------------------------------------------------------------------------------------------

@@ -152,9 +152,15 @@ class EngineProcess:
                 raise RuntimeError(f"engine worker exited while loading ({_exit_reason(self.process.returncode)})")
         raise RuntimeError(f"engine worker not ready after {timeout_s:.0f} s")
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: tuple) -> bool:
+        """Send to the worker; False once `stop` has closed the socket (a late cancel from another thread)."""
         with self._send_lock:
+            if self._commands.closed:
+                return False
+            if message[0] == "submit":
+                self._sent_submits += 1
             self._commands.send_multipart(encode(message), copy=False)
+            return True
 
     def submit(self, request_id: int, request: GenerationRequest) -> None:
         from ..embedded.engine import EngineDead
@@ -163,9 +169,8 @@ class EngineProcess:
             raise EngineDead(self.error)
         if self._stopped:
             raise EngineDead("the engine is shut down")
-        with self._send_lock:
-            self._sent_submits += 1
-            self._commands.send_multipart(encode(("submit", request_id, request)), copy=False)
+        if not self._send(("submit", request_id, request)):
+            raise EngineDead("the engine is shut down")
 
     def cancel(self, request_id: int) -> None:
         if not self._stopped and self.error is None:
@@ -178,8 +183,8 @@ class EngineProcess:
 
         steps: list[Step] = []
         with self._receive_lock:
-            if self._stopped:
-                time.sleep(min(timeout_s, 0.01))
+            if self._stopped:  # as the engine on a thread: nothing, after the timeout, no error
+                time.sleep(max(0.0, timeout_s))
                 return steps
             timeout_ms = max(0, int(timeout_s * 1000))
             while self._events.poll(0 if steps else timeout_ms):
