@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from triton_client import StreamClient, token_inputs
 from tritonclient.utils import np_to_triton_dtype
 
-from trtllm_model.conversion import words_to_offsets
+from trtllm_model.conventions.inflight_batcher import words_to_offsets
 
 pytestmark = pytest.mark.e2e
 

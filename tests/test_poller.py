@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from trtllm_model.conversion import ParsedRequest
+from trtllm_model.conventions.common import ParsedRequest
 from trtllm_model.executor_interface import GenerationRequest
 from trtllm_model.executors.synthetic import SyntheticExecutor, synthetic_token
 from trtllm_model.poller import Poller

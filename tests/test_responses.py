@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtllm_model.conversion import ParsedRequest
+from trtllm_model.conventions.common import ParsedRequest
 from trtllm_model.executor_interface import FinishReason, GenerationRequest, Step
 from trtllm_model.request_context import RequestContext
 from trtllm_model.responses import Reply, ResponseAssembler

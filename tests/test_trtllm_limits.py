@@ -10,7 +10,8 @@ import pytest
 from trtllm_support import forget_tensorrt_llm, make_checkpoint_dir, make_engine_dir, use_fake_tensorrt_llm
 
 from trtllm_model.build_limits import request_limits
-from trtllm_model.conversion import InvalidInput, Limits, parse_request
+from trtllm_model.conventions.common import InvalidInput, Limits
+from trtllm_model.conventions.inflight_batcher import parse_request
 from trtllm_model.executor_interface import BuildLimits, GenerationRequest
 from trtllm_model.executors import create_executor
 from trtllm_model.executors.trtllm_engine import engine_build_limits, engine_vocab_size

@@ -30,7 +30,7 @@ def check_within_build(params: Params, build: BuildLimits) -> None:
 
 
 def request_limits(params: Params, build: BuildLimits) -> dict[str, int | None]:
-    """Keyword arguments for conversion.Limits: config.pbtxt's limits where set (checked), else the build's."""
+    """Keyword arguments for conventions.common.Limits: config.pbtxt's limits where set (checked), else the build's."""
     check_within_build(params, build)
     return {
         "max_input_len": params.int("max_input_len", minimum=1) or build.max_input_len,

@@ -21,7 +21,8 @@ import triton_python_backend_utils as pb_utils
 
 from .build_limits import request_limits
 from .conventions import llmapi
-from .conversion import InvalidInput, Limits, parameters_dict, parse_request, split_batch
+from .conventions.common import InvalidInput, Limits
+from .conventions.inflight_batcher import parameters_dict, parse_request, split_batch
 from .executors import DEFAULT_EXECUTOR, create_executor
 from .executors.synthetic import SyntheticExecutor
 from .instances import instance_of, pinned_parameters

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .conversion import ResponseContent, response_outputs
+from .conventions.common import ResponseContent
+from .conventions.inflight_batcher import response_outputs  # the default convention's outputs
 from .executor_interface import FinishReason, Step
 from .request_context import ErrorCode, RequestContext
 

@@ -2,5 +2,6 @@
 response content back into its output tensors. The poller and the executors never learn which one a request used.
 
 - llmapi: NVIDIA's LLM API model (`model.yaml`, `text_input` + `sampling_param_*`).
-- NVIDIA's inflight-batcher names: still in trtllm_model/conversion.py (to move here as inflight_batcher.py).
+- inflight_batcher: NVIDIA's inflight-batcher names (`tensorrt_llm` token level, `ensemble` text level).
+- common: what both share (ParsedRequest, Limits, ResponseContent, InvalidInput).
 """

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..conversion import UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent
 from ..executor_interface import GenerationRequest, Tokenizer
+from .common import UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent
 
 # name -> (Triton data type, dims), as NVIDIA's llmapi config.pbtxt declares them. text_input alone is required.
 INPUTS = {

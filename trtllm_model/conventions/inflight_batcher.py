@@ -1,4 +1,5 @@
-"""Request tensors -> GenerationRequest, and executor output -> response tensors. Pure numpy; no Triton here.
+"""NVIDIA's inflight-batcher convention: request tensors -> ParsedRequest, and response content -> output tensors.
+Pure numpy; no Triton here.
 
 Names follow NVIDIA's `tensorrt_llm` (token-level) and `ensemble` (text-level) models, so their clients work
 unchanged. Every error is an InvalidInput whose message names the offending field.
@@ -8,64 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from .executor_interface import OPTIONAL_INPUTS, GenerationRequest, Tokenizer
-
-UINT64_MAX = 2**64 - 1
-
-
-class InvalidInput(ValueError):
-    """A request the model refuses; `unsupported` selects UNSUPPORTED over INVALID_ARG."""
-
-    def __init__(self, message: str, unsupported: bool = False) -> None:
-        super().__init__(message)
-        self.unsupported = unsupported
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Model-wide limits and defaults from config.pbtxt."""
-
-    max_input_len: int | None = None
-    max_output_len: int | None = None
-    max_seq_len: int | None = None  # prompt + max tokens (the engine's build limit)
-    max_beam_width: int | None = None
-    vocab_size: int | None = None
-    exclude_input_in_output: bool = False
-    apply_chat_template: bool = False
-    # Request parameters (besides Triton's own `triton_*`) this model accepts, e.g. synthetic fault injection.
-    accepted_parameters: frozenset[str] = frozenset()
-    # Optional inputs the executor honours (executor_interface.OPTIONAL_INPUTS keys); others are UNSUPPORTED.
-    optional_inputs: frozenset[str] = frozenset()
-    # `decoupled: false` in config.pbtxt: exactly one response per request, so streaming is refused.
-    decoupled: bool = True
-    # Executor name, for error messages.
-    executor_name: str = "this"
-
-
-@dataclass(slots=True)
-class ParsedRequest:
-    """What `execute()` learned from one Triton request."""
-
-    generation: GenerationRequest
-    text_mode: bool
-    return_log_probs: bool = False
-    return_finish_reason: bool = False
-    return_num_input_tokens: bool = False
-    return_num_output_tokens: bool = False
-    return_perf_metrics: bool = False
-    # `stop` input: this request only asks to cancel the in-flight request with the same request id.
-    stop_only: bool = False
-    prompt_ids: list[int] = field(default_factory=list)
-    # Set by the request's convention (conventions/): its output tensors (default: response_outputs below), and
-    # for a `stop` request, the message of the CANCELLED error that answers it (None: an empty response).
-    outputs: Callable[[ParsedRequest, ResponseContent], dict[str, np.ndarray]] | None = None
-    stop_error: str | None = None
-
+from ..executor_interface import OPTIONAL_INPUTS, GenerationRequest, Tokenizer
+from .common import PERF_OUTPUTS, UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent
 
 # Alternative spellings: NVIDIA renamed some inputs in 2025-05 and the text-level model uses other names.
 _ALIASES = {
@@ -503,31 +451,6 @@ def _guided_decoding(tensors: dict[str, np.ndarray]) -> tuple[str | None, str | 
     if guide_type != "json" and not guide:
         raise InvalidInput(f"guided_decoding_guide: required with guided_decoding_guide_type={guide_type}")
     return guide_type, guide
-
-
-@dataclass(slots=True)
-class ResponseContent:
-    """What one response carries, before it becomes tensors. One beam unless beam_width > 1."""
-
-    beams: list[list[int]]
-    texts: list[str] | None = None  # one per beam (text requests)
-    log_probs: list[list[float]] | None = None  # one list per beam
-    cum_log_probs: list[float] | None = None  # one per beam
-    finish_reason: str | None = None
-    num_output_tokens: int = 0
-    sequence_index: int = 0
-    context_logits: np.ndarray | None = None  # [prompt tokens, vocab]
-    generation_logits: np.ndarray | None = None  # [beams, tokens, vocab]
-    perf: dict[str, float] | None = None  # PERF_OUTPUTS name -> value
-
-
-# `return_perf_metrics` outputs, with NVIDIA's dtypes; each is [1, 1].
-PERF_OUTPUTS = {
-    "kv_cache_alloc_new_blocks": np.int32, "kv_cache_reused_blocks": np.int32, "kv_cache_alloc_total_blocks": np.int32,
-    "arrival_time_ns": np.int64, "first_scheduled_time_ns": np.int64, "first_token_time_ns": np.int64,
-    "last_token_time_ns": np.int64, "acceptance_rate": np.float32, "total_accepted_draft_tokens": np.int32,
-    "total_draft_tokens": np.int32,
-}
 
 
 def _padded(rows: list[list], fill, dtype) -> np.ndarray:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtllm_model.conversion import (
-    InvalidInput,
-    Limits,
-    ResponseContent,
+from trtllm_model.conventions.common import InvalidInput, Limits, ResponseContent
+from trtllm_model.conventions.inflight_batcher import (
     parameters_dict,
     parse_request,
     response_outputs,
