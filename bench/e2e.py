@@ -56,14 +56,14 @@ def percentile(values, q: float) -> float | None:
 def in_process(args, loads: list[int]) -> list[dict]:
     import torch
 
-    from trtllm_model.detokenizer import apply_chat_template
+    from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import load_model
     from trtllm_model.executor_interface import GenerationRequest
     from trtllm_model.executors.transformers_executor import TransformersExecutor
 
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     loaded = load_model(device=args.device, dtype=dtype)
-    prompts = [loaded.tokenizer.encode(apply_chat_template(loaded.tokenizer, q)) for q in questions(args.prompts)]
+    prompts = [chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": q}]) for q in questions(args.prompts)]
     executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=max(loads),
                                     max_num_tokens=args.max_num_tokens)
     points = []

@@ -93,12 +93,19 @@ def start_profile(root: psutil.Process, label: str, seconds: float) -> subproces
     """py-spy (sampling, without pausing the process) over the model's stub for `seconds`: collapsed stacks with
     thread names in RESULTS/profile-<label>.txt. None when py-spy is not installed."""
     py_spy = shutil.which("py-spy")
-    stubs = [p for p in root.children(recursive=True)
-             if "triton_python_backend_stub" in " ".join(p.cmdline()[:1]) and "ensemble" not in " ".join(p.cmdline())]
+    stubs = []
+    for p in root.children(recursive=True):
+        try:
+            command = p.cmdline()
+        except psutil.Error:  # a stub that died (a zombie) is no reason to lose the run's figures
+            continue
+        if "triton_python_backend_stub" in " ".join(command[:1]) and "ensemble" not in " ".join(command):
+            stubs.append(p)
     if not py_spy or not stubs:
         return None
     RESULTS.mkdir(parents=True, exist_ok=True)
-    command = [py_spy, "record", "--nonblocking", "--threads", "-r", "200", "-d", str(max(1, int(seconds))),
+    # --subprocesses: the embedded engine's worker process (engine_process=true) is a child of the stub.
+    command = [py_spy, "record", "--nonblocking", "--threads", "--subprocesses", "-r", "200", "-d", str(max(1, int(seconds))),
                "-f", "raw", "-o", str(RESULTS / f"profile-{label}.txt"), "-p", str(stubs[0].pid)]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 

