@@ -360,3 +360,97 @@ def test_ids_outside_the_checkpoint_vocabulary_are_refused_before_the_llm(execut
         executor.enqueue(request)
     steps = collect_until_final(executor, {executor.enqueue(GenerationRequest([5], 2))})
     assert len([t for s in steps for t in s.token_ids]) == 2 and executor.health_error() is None
+
+
+# -- NVIDIA's LLM API convention over the strict fake: LoRA inputs and model.yaml's logits post-processors ------
+
+@pytest.fixture
+def yaml_executor(trtllm, tmp_path, monkeypatch):
+    """trtllm_llmapi as model.yaml builds it, with a post-processor module NVIDIA's way ('module.path:attribute')."""
+    from trtllm_model.executors.trtllm_llmapi import create_from_model_yaml
+    from trtllm_model.model_yaml import LlmApiConfig, TritonConfig
+
+    (tmp_path / "my_processors.py").write_text(
+        "class Upper:\n    def __call__(self, req_id, logits, token_ids, stream_ptr, client_id):\n        pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = LlmApiConfig(tmp_path / "model.yaml", TritonConfig(), "trtllm_llmapi",
+                          {"model": str(make_checkpoint_dir(tmp_path / "model", vocab_size=5000))},
+                          {"upper": "my_processors:Upper"})
+    created, _ = create_from_model_yaml(config, {})
+    yield created
+    created.shutdown()
+
+
+def _llmapi_parse(executor, **tensors):
+    import numpy as np
+
+    from trtllm_model.conventions import llmapi
+    from trtllm_model.conventions.common import Limits
+
+    options = llmapi.LlmApiOptions(logits_post_processors=frozenset({"upper"}),
+                                   executor_features=executor.llmapi_features)
+    arrays = {"text_input": np.array([b"hi"], dtype=object), "sampling_param_max_tokens": np.array([3], np.int32)}
+    for name, value in tensors.items():
+        arrays[name] = (np.array([value], np.uint64) if name == "lora_id" else np.array([value.encode()], dtype=object))
+    return llmapi.parse_request(arrays, Limits(executor_name="trtllm_llmapi"), executor.tokenizer(), options)
+
+
+def test_lora_inputs_reach_generate_async_as_a_lora_request(yaml_executor, tmp_path):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    parsed = _llmapi_parse(yaml_executor, lora_id=7, lora_name="sql", lora_path=str(adapter), lora_ckpt_source="nemo")
+    steps = collect_until_final(yaml_executor, {yaml_executor.enqueue(parsed.generation)})
+    assert steps[-1].is_final and steps[-1].error is None
+    _, lora = yaml_executor._llm.requests[-1]
+    assert (type(lora).__name__, lora.lora_int_id, lora.lora_name, lora.lora_path, lora.lora_ckpt_source) == (
+        "LoRARequest", 7, "sql", str(adapter), "nemo")
+    collect_until_final(yaml_executor, {yaml_executor.enqueue(_llmapi_parse(yaml_executor).generation)})
+    assert yaml_executor._llm.requests[-1][1] is None  # no LoRA inputs, no adapter
+
+
+def test_lora_path_that_does_not_exist_is_invalid_arg_naming_it(yaml_executor):
+    from trtllm_model.conventions.common import InvalidInput
+
+    with pytest.raises(InvalidInput, match="/no/such/adapter") as raised:
+        _llmapi_parse(yaml_executor, lora_id=1, lora_name="a", lora_path="/no/such/adapter")
+    assert not raised.value.unsupported
+
+
+@pytest.mark.parametrize("given", [{"lora_id": 1}, {"lora_name": "a"}, {"lora_path": "/tmp"},
+                                   {"lora_id": 1, "lora_name": "a"}, {"lora_name": "a", "lora_path": "/tmp"},
+                                   {"lora_ckpt_source": "hf"}])
+def test_only_some_lora_inputs_is_invalid_arg(yaml_executor, given):
+    from trtllm_model.conventions.common import InvalidInput
+
+    with pytest.raises(InvalidInput, match="lora_id, lora_name and lora_path") as raised:
+        _llmapi_parse(yaml_executor, **given)
+    assert not raised.value.unsupported
+    assert yaml_executor._llm.requests == []
+
+
+def test_named_logits_post_processor_from_model_yaml_reaches_sampling_params(yaml_executor):
+    parsed = _llmapi_parse(yaml_executor, sampling_param_logits_post_processor_name="upper")
+    steps = collect_until_final(yaml_executor, {yaml_executor.enqueue(parsed.generation)})
+    assert steps[-1].is_final and steps[-1].error is None
+    params, _ = yaml_executor._llm.requests[-1]
+    assert type(params.logits_processor).__name__ == "Upper"  # the class, instantiated once at load
+    first = params.logits_processor
+    collect_until_final(yaml_executor, {yaml_executor.enqueue(parsed.generation)})
+    assert yaml_executor._llm.requests[-1][0].logits_processor is first
+
+
+def test_unknown_logits_post_processor_name_is_invalid_arg_listing_the_declared(yaml_executor):
+    from trtllm_model.conventions.common import InvalidInput
+
+    with pytest.raises(InvalidInput, match="'nope': unknown.*available: upper"):
+        _llmapi_parse(yaml_executor, sampling_param_logits_post_processor_name="nope")
+
+
+@pytest.mark.parametrize(("spec", "message"), [("my_processors", "expected 'module.path:attribute'"),
+                                               ("no_such_module:x", "cannot load it"),
+                                               ("json:__doc__", "not callable")])
+def test_logits_post_processor_that_cannot_load_fails_at_load_naming_it(trtllm, spec, message):
+    from trtllm_model.executors.trtllm_llmapi import load_logits_post_processors
+
+    with pytest.raises(ConfigError, match=rf"logits_post_processors\['bad'\].*{message}"):
+        load_logits_post_processors({"bad": spec})
