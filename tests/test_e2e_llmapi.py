@@ -274,3 +274,60 @@ def test_configure_layout_llmapi_writes_a_repository_that_serves(tmp_path):
     assert "decoupled: true" in text and "max_batch_size: 4" in text and "executor: transformers" in text
     assert main(["--layout", "llmapi", "--output", str(tmp_path / "bad"), "--set", "executor=nope"]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def stream_responses(client, inputs, request_id: str) -> list:
+    """Every response of one request on a gRPC stream, up to the one flagged final."""
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put(error or result))
+    client.async_stream_infer("tensorrt_llm", inputs, request_id=request_id, enable_empty_final_response=True)
+    responses = []
+    while True:
+        result = results.get(timeout=120)
+        responses.append(result)
+        if isinstance(result, Exception) or result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    return responses
+
+
+@pytest.fixture(scope="module")
+def batched_server(tmp_path_factory):
+    """triton_config.max_batch_size 2, decoupled: inputs carry a batch dimension (NVIDIA's model reads row 0)."""
+    workdir = tmp_path_factory.mktemp("llmapi_batched")
+    repository = copy_repository(workdir / "repository")
+    (repository / "tensorrt_llm" / "1" / "model.yaml").write_text(
+        "executor: transformers\nmodel: smollm2\ntriton_config:\n  max_batch_size: 2\n  decoupled: true\n")
+    server = start_server(workdir, executor=None, repository=repository)
+    yield server
+    server.stop()
+
+
+def test_batched_text_input_answers_each_row_on_one_stream(batched_server):
+    """Ours goes beyond NVIDIA's: a batch of 2 prompts in one request is 2 requests, each answered with its own
+    text ([1, 1], one row) and finish reason, on the request's stream; the last one alone is flagged final."""
+    prompts = [PROMPT, "The capital of France is"]
+    inputs = as_inputs({"text_input": np.array([[p] for p in prompts], dtype=object),
+                        "sampling_param_max_tokens": np.array([[6], [6]], dtype=np.int32),
+                        "return_finish_reason": np.array([[True], [True]])})
+    with grpcclient.InferenceServerClient(batched_server.grpc_url) as client:
+        responses = stream_responses(client, inputs, "b1")
+        single = stream_responses(client, as_inputs({"text_input": np.array([[prompts[1]]], dtype=object),
+                                                     "sampling_param_max_tokens": np.array([[6]], dtype=np.int32)}),
+                                  "b2")
+        mismatched = stream_responses(client, as_inputs({
+            "text_input": np.array([[p] for p in prompts], dtype=object),
+            "sampling_param_max_tokens": np.array([[6]], dtype=np.int32)}), "b3")
+    assert not any(isinstance(r, Exception) for r in responses + single), responses + single
+    with_text = [r for r in responses if r.as_numpy("text_output") is not None]
+    assert len(with_text) == 2 and all(r.as_numpy("text_output").shape == (1, 1) for r in with_text)
+    texts = {p: [t for r in with_text if (t := r.as_numpy("text_output")[0, 0].decode()).startswith(p)]
+             for p in prompts}
+    assert all(len(texts[p]) == 1 and len(texts[p][0]) > len(p) for p in prompts), texts  # each row, once
+    assert all(r.as_numpy("finish_reason").tolist() == [[b"length"]] for r in with_text)
+    assert [r.get_response().parameters["triton_final_response"].bool_param for r in responses][-1] is True
+    assert sum(r.get_response().parameters["triton_final_response"].bool_param for r in responses) == 1
+    assert single[-1].as_numpy("text_output")[0, 0].decode() == texts[prompts[1]][0]  # as when sent alone
+    [error] = mismatched
+    assert isinstance(error, InferenceServerException)
+    assert "batch size does not match" in error.message()  # Triton refuses it before the model sees it

@@ -85,6 +85,7 @@ class TritonPythonModel:
         if self.llmapi is not None:
             self.llmapi_options = llmapi.LlmApiOptions(
                 multimodal=self.llmapi.triton.multimodal,
+                batched=self.llmapi.triton.max_batch_size > 0,
                 logits_post_processors=frozenset(self.llmapi.logits_post_processors),
                 executor_features=getattr(self.executor, "llmapi_features", frozenset()),
             )
@@ -137,11 +138,14 @@ class TritonPythonModel:
     def _parse(self, request) -> list:
         parameters = parameters_dict(request_parameters_json(request), self.limits.accepted_parameters)
         if self.llmapi is not None:
-            return [llmapi.parse_request(request_tensors(request), self.limits, self.tokenizer, self.llmapi_options)]
-        batch = split_batch(request_tensors(request))
+            batch = llmapi.split_batch(request_tensors(request), self.llmapi_options.batched)
+        else:
+            batch = split_batch(request_tensors(request))
         if len(batch) > 1 and not self.limits.decoupled:
             raise InvalidInput(f"a batch of {len(batch)} sequences in one request needs the decoupled model "
                                "(one response per sequence); send one per request", unsupported=True)
+        if self.llmapi is not None:
+            return [llmapi.parse_request(tensors, self.limits, self.tokenizer, self.llmapi_options) for tensors in batch]
         return [parse_request(tensors, parameters, self.limits, self.tokenizer, self.chat_template) for tensors in batch]
 
     def is_ready(self) -> bool:

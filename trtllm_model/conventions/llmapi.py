@@ -80,6 +80,8 @@ class LlmApiOptions:
     """What the model's configuration adds to the convention (model.yaml)."""
 
     multimodal: bool = False
+    # triton_config.max_batch_size > 0: every tensor carries a leading batch dimension (a response answers one row).
+    batched: bool = False
     logits_post_processors: frozenset[str] = frozenset()  # names declared in model.yaml
     # Inputs the executor honours beyond the common ones: "lora_request", "logits_post_processor", "image_url".
     executor_features: frozenset[str] = frozenset()
@@ -95,6 +97,7 @@ class LlmApiResponder:
     return_stop_reason: bool = False
     return_cumulative_logprob: bool = False
     stop_strings: list[str] = field(default_factory=list)
+    batched: bool = False
     text: str = ""
 
     def outputs(self, parsed: ParsedRequest, content: ResponseContent) -> dict[str, np.ndarray]:
@@ -118,7 +121,23 @@ class LlmApiResponder:
             outputs["cumulative_logprob"] = np.array([cum], dtype=np.float32)
         if parsed.return_perf_metrics and content.perf is not None:
             outputs.update(perf_outputs(content.perf))
-        return outputs
+        return {name: array[None] for name, array in outputs.items()} if self.batched else outputs
+
+
+def split_batch(tensors: dict[str, np.ndarray], batched: bool) -> list[dict[str, np.ndarray]]:
+    """With triton_config.max_batch_size > 0 every input has a leading batch dimension: one tensor dict per row
+    (each a batch of 1), so that each prompt becomes a request of its own. NVIDIA's model reads only row 0."""
+    if not batched or not tensors:
+        return [tensors]
+    lead_name = "text_input" if "text_input" in tensors else next(iter(tensors))
+    size = tensors[lead_name].shape[0] if tensors[lead_name].ndim else 0
+    for name, array in tensors.items():
+        got = array.shape[0] if array.ndim else 0
+        if got != size:
+            raise InvalidInput(f"{name}: batch size {got}, but {lead_name} has a batch of {size}")
+    if size <= 1:
+        return [tensors]
+    return [{name: array[index : index + 1] for name, array in tensors.items()} for index in range(size)]
 
 
 def perf_outputs(perf: dict[str, float]) -> dict[str, np.ndarray]:
@@ -211,6 +230,7 @@ def parse_request(
         return_stop_reason=_flag(tensors, "return_stop_reason"),
         return_cumulative_logprob=_flag(tensors, "return_cumulative_logprob"),
         stop_strings=stop_strings,
+        batched=options.batched,
     )
     perf = _flag(tensors, "sampling_param_return_perf_metrics")
     generation = GenerationRequest(
