@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_server
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from triton_client import as_inputs
+from tritonclient.utils import InferenceServerException
 from trtllm_support import FAKES_DIR, make_checkpoint_dir
 
 from trtllm_model.conventions.llmapi import INPUTS, OUTPUTS
@@ -36,15 +37,6 @@ PROMPT = "Born in north-east France, Soyer trained as a"
 LLMAPI_REPOSITORY = PROJECT_ROOT / "model_repository_llmapi"
 NP_TYPES = {"TYPE_STRING": np.object_, "TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32, "TYPE_UINT64": np.uint64,
             "TYPE_FP32": np.float32, "TYPE_INT64": np.int64}
-
-
-def as_inputs(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
-    inputs = []
-    for name, array in arrays.items():
-        infer_input = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        infer_input.set_data_from_numpy(array)
-        inputs.append(infer_input)
-    return inputs
 
 
 def client_inputs(prompt: str = PROMPT, max_tokens: int = 16, **extra: np.ndarray) -> list[grpcclient.InferInput]:

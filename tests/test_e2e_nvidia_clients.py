@@ -24,20 +24,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_server
-from tritonclient.utils import np_to_triton_dtype
+from triton_client import as_inputs
 
 pytestmark = pytest.mark.e2e
 
 PROMPT = "Born in north-east France, Soyer trained as a"
-
-
-def as_inputs(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
-    inputs = []
-    for name, array in arrays.items():
-        infer_input = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        infer_input.set_data_from_numpy(array)
-        inputs.append(infer_input)
-    return inputs
 
 
 def ensemble_request(prompt: str, max_tokens: int, stream: bool, **extra) -> list[grpcclient.InferInput]:

@@ -12,6 +12,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import InferResult, service_pb2_grpc
 from tritonclient.grpc._utils import _get_inference_request
+from tritonclient.utils import np_to_triton_dtype
 
 _DTYPES = {np.int32: "INT32", np.float32: "FP32", np.bool_: "BOOL", np.uint64: "UINT64", np.object_: "BYTES"}
 
@@ -25,6 +26,16 @@ def tensor(name: str, value, dtype) -> grpcclient.InferInput:
     infer_input = grpcclient.InferInput(name, list(array.shape), _DTYPES[array.dtype.type])
     infer_input.set_data_from_numpy(array)
     return infer_input
+
+
+def as_inputs(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
+    """gRPC inputs from named arrays, each with its own shape and dtype (as NVIDIA's scripts build them)."""
+    inputs = []
+    for name, array in arrays.items():
+        infer_input = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        infer_input.set_data_from_numpy(array)
+        inputs.append(infer_input)
+    return inputs
 
 
 def token_inputs(input_ids: list[int], max_tokens: int, streaming: bool = True, **extra) -> list[grpcclient.InferInput]:

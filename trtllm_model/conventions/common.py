@@ -85,3 +85,13 @@ PERF_OUTPUTS = {
     "last_token_time_ns": np.int64, "acceptance_rate": np.float32, "total_accepted_draft_tokens": np.int32,
     "total_draft_tokens": np.int32,
 }
+
+
+def utf8(name: str, item) -> str:
+    """One BYTES element as text; not UTF-8 is the client's error, naming the input."""
+    if isinstance(item, str):
+        return item
+    try:
+        return bytes(item).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None

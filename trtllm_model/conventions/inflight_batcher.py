@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ..executor_interface import OPTIONAL_INPUTS, GenerationRequest, Tokenizer
-from .common import PERF_OUTPUTS, UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent
+from .common import PERF_OUTPUTS, UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent, utf8
 
 # Alternative spellings: NVIDIA renamed some inputs in 2025-05 and the text-level model uses other names.
 _ALIASES = {
@@ -203,19 +203,10 @@ def words_to_offsets(words: list[list[int]]) -> np.ndarray:
 def _text_words(name: str, array: np.ndarray, tokenizer: Tokenizer) -> list[list[int]]:
     words = []
     for item in array.reshape(-1).tolist():
-        text = _utf8(name, item)
+        text = utf8(name, item)
         if text:
             words.append(tokenizer.encode(text, add_special_tokens=False))
     return [w for w in words if w]
-
-
-def _utf8(name: str, item) -> str:
-    if isinstance(item, str):
-        return item
-    try:
-        return bytes(item).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
 def parameters_dict(parameters_json: str | None, accepted: frozenset[str]) -> dict:
@@ -251,7 +242,7 @@ def parse_request(
         array = tensors["text_input"]
         if array.size != 1:
             raise InvalidInput(f"text_input: expected one string per request, got shape {list(array.shape)}")
-        text = _utf8("text_input", array.reshape(-1)[0])
+        text = utf8("text_input", array.reshape(-1)[0])
         if not text:
             raise InvalidInput("text_input: the prompt is empty")
         if _bool(scalars, "apply_chat_template", limits.apply_chat_template) and chat_template is not None:
@@ -408,7 +399,7 @@ def _embedding_bias(tensors: dict[str, np.ndarray], limits: Limits, tokenizer: T
         if not math.isfinite(weight):
             raise InvalidInput(f"embedding_bias_weights: {weight} is not a finite number")
         # As NVIDIA's preprocessing: every token of the word gets the word's weight (added up if repeated).
-        for token in tokenizer.encode(_utf8("embedding_bias_words", word), add_special_tokens=False):
+        for token in tokenizer.encode(utf8("embedding_bias_words", word), add_special_tokens=False):
             if 0 <= token < vocab:
                 bias[token] += weight
     return bias.tolist()
@@ -439,7 +430,7 @@ def _guided_decoding(tensors: dict[str, np.ndarray]) -> tuple[str | None, str | 
         array = tensors[name]
         if array.size != 1:
             raise InvalidInput(f"{name}: expected one string per request, got shape {list(array.shape)}")
-        return _utf8(name, array.reshape(-1)[0])
+        return utf8(name, array.reshape(-1)[0])
 
     guide_type, guide = one_string("guided_decoding_guide_type"), one_string("guided_decoding_guide")
     if guide_type is None:

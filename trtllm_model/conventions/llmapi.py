@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..executor_interface import GenerationRequest, Tokenizer
-from .common import UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent
+from .common import UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent, utf8
 
 # name -> (Triton data type, dims), as NVIDIA's llmapi config.pbtxt declares them. text_input alone is required.
 INPUTS = {
@@ -183,7 +183,7 @@ def parse_request(
     if prompts.size != 1:
         raise InvalidInput(f"text_input: expected one prompt per request, got {prompts.size} "
                            "(shape [1]; NVIDIA's model reads only the first)")
-    text = _utf8("text_input", prompts[0])
+    text = utf8("text_input", prompts[0])
     if not text:
         raise InvalidInput("text_input: the prompt is empty")
     _check_image_url(tensors, options)
@@ -215,7 +215,7 @@ def parse_request(
     if streaming and not limits.decoupled:
         raise InvalidInput("streaming=true: Streaming is only supported in decoupled mode (set triton_config.decoupled"
                            " in model.yaml, or serve with --decoupled true)")
-    stop_strings = [_utf8("sampling_param_stop", item) for item in tensors.get("sampling_param_stop", np.empty(0))
+    stop_strings = [utf8("sampling_param_stop", item) for item in tensors.get("sampling_param_stop", np.empty(0))
                     .reshape(-1)]
     stop_strings = [s for s in stop_strings if s]
     # The engines stop on token sequences: a stop string matches as it tokenizes alone and after a space (the way a
@@ -272,7 +272,7 @@ def _check_image_url(tensors: dict[str, np.ndarray], options: LlmApiOptions) -> 
     if not options.multimodal:
         raise InvalidInput("image_url: this model is not multimodal (triton_config.multimodal in model.yaml)")
     for item in tensors["image_url"].reshape(-1):
-        url = _utf8("image_url", item)
+        url = utf8("image_url", item)
         if not url.startswith(("http://", "https://", "data:")):
             raise InvalidInput(f"image_url={url[:80]!r}: only http(s):// URLs and data: URIs; local paths and file:// "
                                "are refused (a client must not make the server read its files)")
@@ -341,13 +341,6 @@ def _float(tensors, name: str, minimum: float | None = None, maximum: float | No
 
 def _string(tensors, name: str) -> str | None:
     value = _one(tensors, name)
-    return None if value is None else _utf8(name, value)
+    return None if value is None else utf8(name, value)
 
 
-def _utf8(name: str, item) -> str:
-    if isinstance(item, str):
-        return item
-    try:
-        return bytes(item).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
