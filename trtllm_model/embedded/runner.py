@@ -3,7 +3,9 @@
 The runner owns the KV block pool and builds each step's inputs (`kv_cache.StepInputs`) from the sequences'
 block tables. With `static_shapes` (the default on CUDA) a decode step is padded to bucketed sizes (rows and
 table width, powers of two) and its inputs are copied in place into tensors kept per bucket: the shapes and
-addresses a CUDA graph of the decode step would replay (the capture itself is not done yet).
+addresses a CUDA graph of the decode step replays. With `cuda_graphs` (CUDA and static shapes only) each bucket's
+decode forward is captured on its first use (after a warm-up on a side stream; the buckets share one private memory
+pool) and replayed after, the logits read from the graph's static output.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .sequence import Sequence
 class ModelRunner:
     """Runs a transformers causal LM's own forward against the KV block pool; returns last-position logits."""
 
-    def __init__(self, model: torch.nn.Module, static_shapes: bool | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, static_shapes: bool | None = None, cuda_graphs: bool = False) -> None:
         self.model = model
         config = model.config
         self.vocab_size: int = config.vocab_size
@@ -36,6 +38,9 @@ class ModelRunner:
         self.static_shapes = self.device.type == "cuda" if static_shapes is None else static_shapes
         self.pool: KvBlockPool | None = None
         self._static_inputs: dict[tuple[int, int], StepInputs] = {}  # (rows, width) -> that bucket's tensors
+        self.cuda_graphs = cuda_graphs and self.static_shapes and self.device.type == "cuda"
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, logits)
+        self._graph_pool = None
         # transformers 5.x renamed `past_key_values` to `cache`; accept either.
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -56,6 +61,7 @@ class ModelRunner:
         self.pool = KvBlockPool(self.num_layers, num_blocks + 1, block_size, self.num_kv_heads, self.head_dim,
                                 self.dtype, self.device)
         self._static_inputs.clear()
+        self._graphs.clear()  # they captured the old pool's addresses
         return self.pool
 
     # -- steps -----------------------------------------------------------------------------------------------------
@@ -107,7 +113,12 @@ class ModelRunner:
             torch.tensor(slots, dtype=torch.long),
             torch.tensor(tables, dtype=torch.long),
         )
-        inputs = self._static_copy(inputs) if self.static_shapes else self._on_device(inputs)
+        if not self.static_shapes:
+            return self._forward(self._on_device(inputs))[: len(sequences)]
+        inputs = self._static_copy(inputs)
+        if self.cuda_graphs:
+            # A copy: the next replay overwrites the graph's output.
+            return self._graph_logits(inputs)[: len(sequences)].clone()
         return self._forward(inputs)[: len(sequences)]
 
     @property
@@ -146,6 +157,33 @@ class ModelRunner:
         for target, source in zip(_fields(static), _fields(inputs)):
             target.copy_(source, non_blocking=True)
         return static
+
+
+    def _graph_logits(self, inputs: StepInputs) -> torch.Tensor:
+        """The decode forward of `inputs`' bucket replayed (captured first if new); the graph's own logits tensor."""
+        key = tuple(inputs.block_tables.shape)
+        captured = self._graphs.get(key)
+        if captured is None:
+            captured = self._graphs[key] = self._capture(inputs)
+        graph, logits = captured
+        graph.replay()
+        return logits
+
+    def _capture(self, inputs: StepInputs) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # Warm-up off the capture (cuBLAS handles, lazy allocations). Its key and value writes go to the step's own
+        # slots with the step's own values, so running it is harmless.
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            self._forward(inputs)
+        current.wait_stream(side)
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
+            logits = self._forward(inputs)
+        return graph, logits
 
 
 def _fields(inputs: StepInputs) -> tuple[torch.Tensor, ...]:

@@ -59,6 +59,7 @@ class EngineSpec:
     kv_cache_free_gpu_mem_fraction: float | None = None
     stats_max_iterations: int = 1000
     enable_kv_cache_reuse: bool = True
+    cuda_graphs: bool = False
 
 
 @dataclass(slots=True)
@@ -357,7 +358,7 @@ def build_engine(spec: EngineSpec):
         torch.set_num_threads(spec.torch_threads)
     elif spec.device == "cpu":
         FreeCoreThreads().start().attach(loaded.model)
-    runner = ModelRunner(loaded.model)
+    runner = ModelRunner(loaded.model, cuda_graphs=spec.cuda_graphs)
     memory = spec.kv_cache_memory_bytes
     if memory is None:
         fraction = spec.kv_cache_free_gpu_mem_fraction

@@ -14,6 +14,8 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   engine_process   true: the engine runs in a worker process of its own (executors/engine_process.py), the stub
                    keeps request checks, tokenizer and sends; false: on a thread of the stub. Default: true on
                    CUDA, false on CPU (measured in docs/performance.md)
+  cuda_graphs      true: on CUDA, each bucketed decode step (rows and block-table width padded to powers of two)
+                   is captured as a CUDA graph on its first use and replayed after; ignored on CPU. Default false
   max_num_tokens   tokens through the model per step: decoding sequences + prefilled prompt tokens (default 2048)
   kv_cache_memory_bytes  the memory of the KV block pool, allocated at load (blocks of 16 tokens); a request
                    joins the batch only while the free blocks hold its prompt + max_tokens (less the blocks it
@@ -69,7 +71,7 @@ log = logging.getLogger(__name__)
 
 PARAMETERS = frozenset(
     {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes",
-     "engine_process", "enable_kv_cache_reuse"}
+     "engine_process", "enable_kv_cache_reuse", "cuda_graphs"}
 )
 
 DEFAULT_MAX_BATCH_SIZE = 64
@@ -92,9 +94,10 @@ class TransformersExecutor(Executor):
         kv_cache_memory_bytes: int | None = None,
         enable_kv_cache_reuse: bool = True,
         kv_block_size: int = DEFAULT_BLOCK_SIZE,
+        cuda_graphs: bool = False,
     ) -> None:
         """The engine on a thread of this process."""
-        self.runner = ModelRunner(model)
+        self.runner = ModelRunner(model, cuda_graphs=cuda_graphs)
         memory = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else default_kv_cache_bytes(self.runner.device)
         budget = KvBudget(memory, self.runner.kv_bytes_per_token, kv_block_size)
         engine = Engine(self.runner, EngineConfig(max_batch_size, max_num_tokens, budget, stats_max_iterations,
@@ -282,6 +285,7 @@ def create(params: Params) -> Executor:
             max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, kv_cache_memory_bytes=kv_cache_memory_bytes,
             kv_cache_free_gpu_mem_fraction=fraction, stats_max_iterations=stats_max_iterations,
             enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
+            cuda_graphs=params.bool("cuda_graphs", False),
         )
         executor = TransformersExecutor.in_worker_process(
             spec,
@@ -318,4 +322,5 @@ def create(params: Params) -> Executor:
         stats_max_iterations=stats_max_iterations,
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
+        cuda_graphs=params.bool("cuda_graphs", False),
     )
