@@ -12,13 +12,11 @@ import jsonschema
 import numpy as np
 import openai
 import pytest
-from conftest import start_server
 from openai import OpenAI
-from openai_server import wait_for_frontend
+from openai_server import start_openai_server
 from triton_client import stream_once, text_inputs, token_inputs
 
 from trtllm_model.embedded.model_loading import load_tokenizer
-from trtllm_model.server import free_ports
 
 pytestmark = pytest.mark.e2e
 
@@ -49,14 +47,7 @@ ASK_WEATHER = [{"role": "user", "content": "What is the weather like in Paris to
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    (port,) = free_ports(1)
-    server = start_server(tmp_path_factory.mktemp("guided"), executor="transformers", openai_port=port)
-    base_url = f"http://127.0.0.1:{port}/v1"
-    try:
-        wait_for_frontend(base_url, server)
-    except Exception:
-        server.stop()
-        raise
+    server, base_url = start_openai_server(tmp_path_factory.mktemp("guided"), "transformers")
     yield server, base_url
     server.stop()
 

@@ -95,3 +95,12 @@ def utf8(name: str, item) -> str:
         return bytes(item).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{name}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def in_range(name: str, value: int, minimum: int | None, maximum: int | None) -> int:
+    """`value`, or InvalidInput naming the input when it lies outside [minimum, maximum]."""
+    if minimum is not None and value < minimum:
+        raise InvalidInput(f"{name}={value}: must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise InvalidInput(f"{name}={value}: must be at most {maximum}")
+    return value

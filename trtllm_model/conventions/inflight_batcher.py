@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ..executor_interface import OPTIONAL_INPUTS, GenerationRequest, Tokenizer
-from .common import PERF_OUTPUTS, UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent, utf8
+from .common import PERF_OUTPUTS, UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent, in_range, utf8
 
 # Alternative spellings: NVIDIA renamed some inputs in 2025-05 and the text-level model uses other names.
 _ALIASES = {
@@ -102,12 +102,7 @@ def _int(scalars, key, minimum: int | None = None, maximum: int | None = None) -
     name, value = got
     if not np.issubdtype(np.asarray(value).dtype, np.integer):
         raise InvalidInput(f"{name}: expected an integer, got {np.asarray(value).dtype}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise InvalidInput(f"{name}={value}: must be at least {minimum}")
-    if maximum is not None and value > maximum:
-        raise InvalidInput(f"{name}={value}: must be at most {maximum}")
-    return value
+    return in_range(name, int(value), minimum, maximum)
 
 
 def _float(scalars, key, minimum: float | None = None, maximum: float | None = None, open_min: bool = False):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..executor_interface import GenerationRequest, Tokenizer
-from .common import UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent, utf8
+from .common import UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent, in_range, utf8
 
 # name -> (Triton data type, dims), as NVIDIA's llmapi config.pbtxt declares them. text_input alone is required.
 INPUTS = {
@@ -317,12 +317,7 @@ def _int(tensors, name: str, default: int | None, minimum: int | None = None, ma
     value = _one(tensors, name)
     if value is None:
         return default
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise InvalidInput(f"{name}={value}: must be at least {minimum}")
-    if maximum is not None and value > maximum:
-        raise InvalidInput(f"{name}={value}: must be at most {maximum}")
-    return value
+    return in_range(name, int(value), minimum, maximum)
 
 
 def _float(tensors, name: str, minimum: float | None = None, maximum: float | None = None) -> float | None:
