@@ -63,6 +63,7 @@ class Engine:
         self.running: list[Sequence] = []
         self.iteration = 0
         self._failures_in_a_row = 0
+        self.phase_seconds: dict[str, float] = {}  # engine thread's time per phase of its iterations, summed
 
         # Everything below is shared with the callers' threads and guarded by `_lock`.
         self._lock = threading.Lock()
@@ -150,6 +151,7 @@ class Engine:
     def _run(self) -> None:
         try:
             with torch.inference_mode(), self.runner.attention_backends():
+                self._capture_decode_graphs()
                 while self._next_iteration():
                     pass
         except BaseException as exc:  # noqa: BLE001 - any failure ends the engine; callers learn why
@@ -157,6 +159,13 @@ class Engine:
             with self._lock:
                 self._error = f"engine failed: {type(exc).__name__}: {exc}"
                 self._ready.notify_all()
+
+    def _capture_decode_graphs(self) -> None:
+        """Before the first request (they wait meanwhile): the decode steps' CUDA graphs, if the runner uses them."""
+        started = time.monotonic()
+        captured = self.runner.capture_decode_graphs(self.config.max_batch_size)
+        if captured:
+            log.info("captured %d decode graphs in %.1f s", captured, time.monotonic() - started)
 
     def _next_iteration(self) -> bool:
         with self._lock:
@@ -166,14 +175,18 @@ class Engine:
                 return False
             incoming, self._incoming = self._incoming, []
             cancels, self._cancels = self._cancels, set()
+        # Phases: schedule (cancels, admission), decode (inputs and the forward's launch), sample (on CUDA also the
+        # wait for the forward), accept (each row's token, stop checks, steps out), prefill (all of it, its sampling
+        # included); the engine thread's seconds in each are summed in `phase_seconds`.
+        started = time.monotonic()
+        lap = time.perf_counter()
         for sequence in incoming:
             self.scheduler.add(sequence)
-        started = time.monotonic()
         self._publish(self._end_cancelled_and_expired(cancels, started))
-
         admitted = self.scheduler.admit(self.running)
         context_tokens = sum(sequence.prefill_len for sequence in admitted)  # what the prefills compute
         decoded = len(self.running)
+        lap = self._lap("schedule", lap)
         if self.running:
             for sequence in self.running:  # a slot for the token fed now, drawn from the sequence's reservation
                 self.blocks.ensure_slots(sequence.blocks, len(sequence.token_ids))
@@ -182,13 +195,23 @@ class Engine:
             logits = self.runner.decode(self.running)
             for sequence in self.running:
                 self._computed(sequence, len(sequence.token_ids))
-            self._publish(self._accept(self.running, logits))
+            lap = self._lap("decode", lap)
+            sampled = self._sample(self.running, logits)
+            lap = self._lap("sample", lap)
+            self._publish(self._accept(self.running, logits, sampled))
+            lap = self._lap("accept", lap)
         for group in prefill_groups(admitted):
             self._prefill(group)
         self._release_finished()
         self.iteration += 1
         self._record_stats(decoded, len(admitted), context_tokens)
+        self._lap("prefill", lap)
         return True
+
+    def _lap(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + now - since
+        return now
 
     def _end_cancelled_and_expired(self, cancels: set[int], now: float) -> list[Step]:
         steps = []
@@ -222,7 +245,7 @@ class Engine:
         for sequence in group:
             self._computed(sequence, sequence.prompt_len)
         self.running.extend(group)
-        self._publish(self._accept(group, logits, prefill=True))
+        self._publish(self._accept(group, logits, self._sample(group, logits), prefill=True))
 
     def _computed(self, sequence: Sequence, tokens: int) -> None:
         """The keys and values of the sequence's first `tokens` tokens are written: its full blocks become shareable."""
@@ -233,12 +256,17 @@ class Engine:
         if sequence.blocks is not None:
             self.blocks.free(sequence.blocks)
 
-    def _accept(self, sequences: list[Sequence], logits: torch.Tensor, prefill: bool = False) -> list[Step]:
+    def _sample(self, sequences: list[Sequence], logits: torch.Tensor) -> list[tuple[int, float | None] | None]:
+        """(token, log prob) per row; all None when the batch failed (each row is then sampled alone in _accept)."""
         try:
-            sampled: list = list(zip(*sample_next_tokens(logits, [s.sampling_state() for s in sequences])))
+            return list(zip(*sample_next_tokens(logits, [s.sampling_state() for s in sequences])))
         except Exception as exc:  # noqa: BLE001 - sampled again row by row, so a failure is pinned on its own row
             log.warning("sampling %d rows failed (%s); each row is sampled alone", len(sequences), exc)
-            sampled = [None] * len(sequences)
+            return [None] * len(sequences)
+
+    def _accept(
+        self, sequences: list[Sequence], logits: torch.Tensor, sampled: list, prefill: bool = False
+    ) -> list[Step]:
         steps = []
         for row, sequence in enumerate(sequences):
             try:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .attention import use_grouped_decode_attention
 from .block_manager import TRASH_BLOCK
 from .kv_cache import KvBlockPool, PagedCache, StepInputs
 from .sequence import Sequence
@@ -27,6 +28,7 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, static_shapes: bool | None = None, cuda_graphs: bool = False) -> None:
         self.model = model
+        use_grouped_decode_attention(model)
         config = model.config
         self.vocab_size: int = config.vocab_size
         self.max_positions: int = getattr(config, "max_position_embeddings", 1 << 30)
@@ -120,6 +122,28 @@ class ModelRunner:
             # A copy: the next replay overwrites the graph's output.
             return self._graph_logits(inputs)[: len(sequences)].clone()
         return self._forward(inputs)[: len(sequences)]
+
+    def capture_decode_graphs(self, max_rows: int) -> int:
+        """With `cuda_graphs`, capture every decode bucket up to `max_rows` rows whose rows x width fits the pool's
+        blocks (largest first: the graphs share one memory pool), so no request waits for a capture; a bucket
+        beyond (possible with shared prefixes) is still captured on first use. Returns how many were captured."""
+        if not self.cuda_graphs:
+            return 0
+        block_size = self.pool.block_size
+        most = self.max_blocks_per_sequence
+        widths = {min(1 << n, most) for n in range(_bucket(most).bit_length())}  # as decode() pads them
+        rows_buckets = [1 << n for n in range(_bucket(max_rows).bit_length())]
+        buckets = [(rows, width) for rows in rows_buckets for width in widths if rows * width <= self.pool.num_blocks]
+        for rows, width in sorted(buckets, key=lambda bucket: -bucket[0] * bucket[1]):
+            # Every row a padding row: token 0 at position 0, its key and value written to the trash block.
+            inputs = StepInputs(
+                torch.zeros((rows, 1), dtype=torch.long),
+                torch.zeros((rows, 1), dtype=torch.long),
+                torch.full((rows,), TRASH_BLOCK * block_size, dtype=torch.long),
+                torch.full((rows, width), TRASH_BLOCK, dtype=torch.long),
+            )
+            self._graph_logits(self._static_copy(inputs))
+        return len(buckets)
 
     @property
     def max_blocks_per_sequence(self) -> int:

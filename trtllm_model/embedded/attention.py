@@ -1,0 +1,50 @@
+"""The attention function the embedded engine plugs into a transformers model (its `AttentionInterface`).
+
+A decode step has one query per row against the row's gathered blocks. transformers' SDPA path repeats each key and
+value head for every query head it serves (`repeat_kv`, 3x for SmolLM2's 9 query / 3 key-value heads) before SDPA,
+which triples the bytes the step moves through memory (on an H200 a 256-row decode step is bound by those bytes).
+Here the query heads that share a key-value head are packed as that head's queries instead: SDPA reads each key and
+value once. Prefill (several queries per row) goes to transformers' own SDPA function unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+NAME = "trtllm_grouped_decode"
+
+
+def grouped_decode_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """`query` `[rows, heads, queries, dim]`, `key`/`value` `[rows, kv_heads, keys, dim]`, a boolean mask
+    `[rows, 1, queries, keys]`; returns `[rows, queries, heads, dim]` as transformers' attention functions do."""
+    rows, heads, queries, dim = query.shape
+    kv_heads = key.shape[1]
+    if queries != 1 or heads == kv_heads or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    # Query head h reads key-value head h // group (repeat_kv's order): heads of one group are adjacent.
+    grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+    output = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                            scale=scaling)
+    return output.reshape(rows, 1, heads, dim), None
+
+
+def use_grouped_decode_attention(model: torch.nn.Module) -> None:
+    """Route `model`'s attention layers through `grouped_decode_attention` (registered once per process)."""
+    if NAME not in AttentionInterface._global_mapping:
+        AttentionInterface.register(NAME, grouped_decode_attention)
+    # Set on the config the layers read at every forward; set_attn_implementation would also re-check the model
+    # class's declared support, which a registered function does not need.
+    model.config._attn_implementation = NAME
