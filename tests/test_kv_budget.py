@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from engine_helpers import run_all
 
 from trtllm_model.embedded import engine as engine_module
 from trtllm_model.embedded.block_manager import BlockManager
@@ -91,19 +92,6 @@ def new_executor(loaded, **limits) -> TransformersExecutor:
 def slots(loaded, count: int) -> int:
     """The budget in bytes that holds `count` token slots of this model's cache (blocks of 16: count // 16 blocks)."""
     return count * ModelRunner(loaded.model).kv_bytes_per_token
-
-
-def run_all(executor: TransformersExecutor, requests: list[GenerationRequest], timeout_s: float = 180.0):
-    """Enqueue every request; returns each one's steps (in order) once every one has its final step."""
-    ids = [executor.enqueue(request) for request in requests]
-    steps: dict[int, list[Step]] = {request_id: [] for request_id in ids}
-    deadline = time.monotonic() + timeout_s
-    while not all(s and s[-1].is_final for s in steps.values()):
-        assert time.monotonic() < deadline, "requests did not finish in time"
-        for step in executor.await_steps(1.0):
-            assert not (steps[step.request_id] and steps[step.request_id][-1].is_final), "a step after the final"
-            steps[step.request_id].append(step)
-    return [steps[request_id] for request_id in ids]
 
 
 def tokens_of(steps: list[Step]) -> list[int]:

@@ -4,11 +4,10 @@ under pressure never changes another request's tokens."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
+from engine_helpers import run_all
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,18 +45,6 @@ def plain(loaded):
 
 def greedy(prompt: list[int], max_tokens: int = MAX_TOKENS, **kwargs) -> GenerationRequest:
     return GenerationRequest(input_ids=prompt, max_tokens=max_tokens, min_tokens=max_tokens, **kwargs)
-
-
-def run_all(executor, requests: list[GenerationRequest], timeout_s: float = 300.0) -> list[list[Step]]:
-    ids = [executor.enqueue(request) for request in requests]
-    steps: dict[int, list[Step]] = {request_id: [] for request_id in ids}
-    deadline = time.monotonic() + timeout_s
-    while not all(s and s[-1].is_final for s in steps.values()):
-        assert time.monotonic() < deadline, "requests did not finish in time"
-        for step in executor.await_steps(1.0):
-            if step.request_id in steps:
-                steps[step.request_id].append(step)
-    return [steps[request_id] for request_id in ids]
 
 
 def tokens(steps: list[Step]) -> list[int]:
