@@ -143,12 +143,25 @@ def start_server(
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"tritonserver exited ({process.returncode}):\n{server.log()[-6000:]}")
+            raise RuntimeError(f"tritonserver exited ({process.returncode}):\n{log_excerpt(server.log())}")
         if is_ready("127.0.0.1", http_port) and "trtllm-triton: ready" in server.log():
             return server
         time.sleep(0.2)
     server.stop()
-    raise RuntimeError(f"tritonserver not ready after {ready_timeout_s} s:\n{server.log()[-6000:]}")
+    raise RuntimeError(f"tritonserver not ready after {ready_timeout_s} s:\n{log_excerpt(server.log())}")
+
+
+# A line of an error or of a traceback (its frames included), wherever it is in the log.
+_ERROR_LINE = re.compile(r'error|Error|Traceback|raise|^\s+File "')
+
+
+def log_excerpt(log: str, tail_chars: int = 6000, max_error_lines: int = 300) -> str:
+    """The log's error and traceback lines first (the cause, however much followed it), then its tail."""
+    errors = [line for line in log.splitlines() if _ERROR_LINE.search(line)]
+    if len(errors) > max_error_lines:
+        errors = [*errors[:max_error_lines], f"... {len(errors) - max_error_lines} more error lines"]
+    lines = "\n".join(errors)
+    return f"--- error lines:\n{lines}\n--- the log's last {tail_chars} characters:\n{log[-tail_chars:]}"
 
 
 @pytest.fixture(scope="session")

@@ -226,3 +226,64 @@ def test_a_guided_answer_ends_with_its_grammar_even_under_min_tokens(executor, l
     [(tokens, reason)] = run(executor, [guided(prompt, "ebnf_grammar", YES_NO, max_tokens=64, min_tokens=64)])
     assert reason is FinishReason.END_ID
     assert re.fullmatch(r"(yes|no) because [a-z ]{1,20}\.", loaded.tokenizer.decode(tokens))
+
+
+# -- guides from untrusted clients: limits checked before compiling, compilation bounded in time ------------------
+
+@pytest.mark.parametrize(
+    ("guide_type", "guide", "message"),
+    [
+        ("regex", "a" * (64 * 1024 + 1), "65537 bytes is over max_guide_bytes=65536"),
+        ("regex", "[a-z]{1,20000}", "the count {1,20000} is over the 10000"),
+        ("json_schema", json.dumps({"type": "string", "pattern": "^([a-z]{1,30}){1,30}$"}),
+         "pattern: nested counts multiply to 900, over the 256"),
+        ("json_schema", json.dumps({"type": "array", "items": {"type": "integer"}, "maxItems": 50000}),
+         "maxItems 50000 is over the 10000"),
+        ("ebnf_grammar", 'root ::= ("ab" [a-z]{1,40}){1,40}', "the grammar: nested counts multiply to 1600"),
+        ("structural_tag", json.dumps({**TOOL_TAG, "structures": [{**TOOL_TAG["structures"][0], "schema": {
+            "type": "string", "maxLength": 99999}}]}), "maxLength 99999 is over the 10000"),
+    ],
+)
+def test_a_guide_over_the_limits_is_refused_before_it_compiles(executor, guide_type, guide, message):
+    """The ([a-z]{1,30}){1,30} pattern took 102 s to compile here: refused in well under a second instead."""
+    start = time.monotonic()
+    with pytest.raises(RequestRejected) as refused:
+        executor.enqueue(guided([1, 2, 3], guide_type, guide))
+    assert time.monotonic() - start < 1.0
+    assert not refused.value.unsupported
+    assert str(refused.value).startswith(f"guided_decoding_guide: the {guide_type} guide: ") and message in str(
+        refused.value), str(refused.value)
+
+
+def test_counts_within_the_limits_pass_the_check():
+    from trtllm_model.embedded.guided import check_guide
+
+    for guide_type, guide in [("regex", r"(\d{1,3}\.){3}\d{1,3}"), ("regex", "[{]{1,5}([a-z]{1,16}){1,16}"),
+                              ("ebnf_grammar", 'root ::= "{1,99999}" [a-z]{1,10000}'),
+                              ("json_schema", json.dumps(PERSON)),
+                              ("json_schema", json.dumps({"properties": {"maxLength": {"type": "string"}}}))]:
+        check_guide(guide_type, guide, 64 * 1024)
+
+
+def test_a_guide_that_compiles_too_slowly_is_refused_after_the_timeout_and_cached_when_done(loaded):
+    """A schema string with maxLength 300 passes the checks and compiles in about 1.8 s here; with a 0.1 s limit
+    enqueue gives up after 0.1 s, the compilation finishes on the pool, and the same guide is then served."""
+    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=4, max_num_tokens=256)
+    executor.guide_compile_timeout_s = 0.1
+    slow = json.dumps({"type": "object", "properties": {"note": {"type": "string", "maxLength": 300}},
+                       "required": ["note"]})
+    try:
+        run(executor, [guided([1, 2, 3], "regex", "[0-9]", max_tokens=2)])  # the compiler is set up (once)
+        start = time.monotonic()
+        with pytest.raises(RequestRejected) as refused:
+            executor.enqueue(guided([1, 2, 3], "json_schema", slow, max_tokens=4))
+        assert time.monotonic() - start < 1.0
+        assert "guide_compile_timeout_s=0.1 s" in str(refused.value) and not refused.value.unsupported
+        deadline = time.monotonic() + 60
+        while executor._guides._compiling:  # the one compilation goes on; asking again joins it
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        [(tokens, reason)] = run(executor, [guided([1, 2, 3], "json_schema", slow, max_tokens=4)])
+        assert tokens and reason is not None
+    finally:
+        executor.shutdown()

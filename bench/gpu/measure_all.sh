@@ -31,9 +31,8 @@ engine_flag() { [ "$1" = process ] && echo --engine-process; }
 engine_param() { [ "$1" = process ] && echo engine_process=true || echo engine_process=false; }
 
 # SKIP_SETUP=1: a later call on a host that still has the installation of an earlier one (saves its ~40 s).
+# setup also caches the dequantised SmolLM2, so no model's initialize() has to make it.
 if [ "${SKIP_SETUP:-0}" != 1 ]; then $DRY "$RUN" setup "$@" || exit 1; fi
-# The dequantised SmolLM2 is made once here, not inside a model's initialize().
-$DRY "$RUN" python -c 'from trtllm_model.embedded.model_loading import load_tokenizer; load_tokenizer()' 2>&1 | tail -2
 pack() { tar -czf "$OUT/results.tgz" -C "$RESULTS" . ; }
 step() {  # step LIMIT_S NAME ARGS...
   local limit=$1; shift

