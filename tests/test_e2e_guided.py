@@ -121,6 +121,29 @@ def test_a_guide_that_does_not_compile_is_invalid_arg_with_the_compilers_message
     assert "guided_decoding_guide" in result.errors[0] and 'Unsupported type "bogus"' in result.errors[0]
 
 
+def test_a_hostile_guide_is_invalid_arg_naming_the_limit_and_the_server_keeps_serving(served, client, tokenizer):
+    """Guides from untrusted clients: one over max_guide_bytes (64 KiB), and a JSON-schema pattern whose nested
+    counts took 102 s to compile with xgrammar here, are refused at once; guided requests go on being served."""
+    server, _ = served
+    huge = guide_inputs("regex", "a" * (64 * 1024 + 1))
+    refused = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 2, 3], 4, **huge), timeout_s=30)
+    assert len(refused.errors) == 1 and refused.finals == 1
+    assert refused.errors[0].startswith("INVALID_ARG") or "INVALID_ARG: " in refused.errors[0]
+    assert "guided_decoding_guide" in refused.errors[0] and "over max_guide_bytes=65536" in refused.errors[0]
+
+    slow = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^([a-z]{1,30}){1,30}$"}}}
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="tensorrt_llm", messages=PARIS, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": slow}}, timeout=30)
+    assert bad.value.body["param"] == "response_format" and "nested counts multiply to 900" in bad.value.body["message"]
+
+    tokens = stream_once(server.grpc_url, "tensorrt_llm", token_inputs(
+        chat_ids(tokenizer, "Tell me about Paris."), 96, end_id=(tokenizer.eos_token_id, np.int32),
+        **guide_inputs("regex", REGEX)), timeout_s=180)
+    assert not tokens.errors, tokens.errors
+    assert_follows("regex", tokenizer.decode(tokens.tokens()))
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_strict_json_schema_validates(client, stream):
     response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
