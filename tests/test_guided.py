@@ -11,6 +11,7 @@ import time
 import jsonschema
 import pytest
 import torch
+from engine_helpers import run_all
 
 from trtllm_model.embedded.guided import GuideCompiler, GuideError, mask_guided_logits
 from trtllm_model.embedded.model_loading import load_model
@@ -60,17 +61,11 @@ def chat(tokenizer, question: str) -> list[int]:
 
 def run(executor, requests: list[GenerationRequest], timeout_s: float = 120.0) -> list[tuple[list[int], FinishReason]]:
     """Enqueue all at once (they share batches), collect each one's tokens and finish reason."""
-    ids = [executor.enqueue(request) for request in requests]
-    tokens: dict[int, list[int]] = {i: [] for i in ids}
-    reasons: dict[int, FinishReason] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(reasons) < len(ids) and time.monotonic() < deadline:
-        for step in executor.await_steps(1.0):
-            assert step.error is None, step.error
-            tokens[step.request_id] += step.token_ids
-            if step.is_final:
-                reasons[step.request_id] = step.finish_reason
-    return [(tokens[i], reasons.get(i)) for i in ids]
+    results = []
+    for steps in run_all(executor, requests, timeout_s):
+        assert all(step.error is None for step in steps), [step.error for step in steps]
+        results.append(([token for step in steps for token in step.token_ids], steps[-1].finish_reason))
+    return results
 
 
 def guided(prompt: list[int], guide_type: str, guide: str | None, max_tokens: int = 96, **sampling) -> GenerationRequest:
