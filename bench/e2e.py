@@ -1,6 +1,7 @@
 """The whole path: text streams into `ensemble` through tritonserver, against the same engine called in-process.
 
     .venv/bin/python bench/e2e.py --device cpu --loads 2 --max-tokens 8 --window 5     # a short check here
+    .venv/bin/python bench/e2e.py --device cpu --tiny-model --loads 8 32 --engine-process true   # the serving path's cost
     bench/gpu/run_on_gpu.sh e2e --device cuda --loads 64 256                           # on a GPU host
 
 For each load N (streams in flight) and the same chat prompts, greedy, every request exactly --max-tokens long
@@ -59,13 +60,20 @@ def in_process(args, loads: list[int]) -> list[dict]:
     from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import load_model
     from trtllm_model.executor_interface import GenerationRequest
+    from trtllm_model.executors.engine_process import EngineSpec
     from trtllm_model.executors.transformers_executor import TransformersExecutor
 
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
-    loaded = load_model(device=args.device, dtype=dtype)
-    prompts = [chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": q}]) for q in questions(args.prompts)]
-    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=max(loads),
-                                    max_num_tokens=args.max_num_tokens)
+    if args.engine_process == "true":  # the same worker process the server runs
+        spec = EngineSpec(model_dir=args.model_dir, device=args.device, dtype=dtype, max_batch_size=max(loads),
+                          max_num_tokens=args.max_num_tokens)
+        executor = TransformersExecutor.in_worker_process(spec)
+        loaded = None
+    else:
+        loaded = load_model(model_dir=args.model_dir, device=args.device, dtype=dtype)
+        executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=max(loads),
+                                        max_num_tokens=args.max_num_tokens)
+    prompts = [chat_prompt_ids(executor.tokenizer(), [{"role": "user", "content": q}]) for q in questions(args.prompts)]
     points = []
     try:
         for load in loads:
@@ -94,10 +102,17 @@ def _closed_loop(executor, prompts: list[list[int]], load: int, args, request_ty
 
     start = time.monotonic()
     w0, w1 = start + args.warmup, start + args.warmup + args.window
-    for _ in range(load):
+    # Lockstep (all start together, so all end and restart in the same step: a step either decodes or prefills)
+    # or staggered (starts spread over one request's steps, so requests keep joining a running batch every step,
+    # as the streams through Triton do).
+    for _ in range(1 if args.stagger else load):
         submit()
     open_ids, seen_first = set(sent), set()
+    waits = 0
     while time.monotonic() < w1:
+        waits += 1
+        while args.stagger and submitted < load and waits * load >= submitted * args.max_tokens:
+            open_ids.add(submit())
         for step in executor.await_steps(1.0):
             now = time.monotonic()
             if step.token_ids and step.request_id not in seen_first:
@@ -116,9 +131,10 @@ def _closed_loop(executor, prompts: list[list[int]], load: int, args, request_ty
         for step in executor.await_steps(0.5):
             if step.is_final:
                 open_ids.discard(step.request_id)
-    point = {"load_streams": load, "generated_tokens_per_s": tokens / args.window,
+    point = {"load_streams": load, "staggered": args.stagger, "generated_tokens_per_s": tokens / args.window,
              "ttft_p50_ms": _ms(percentile(ttft, 50)), "ttft_p99_ms": _ms(percentile(ttft, 99))}
-    print(f"  in process  load {load:4d}: {point['generated_tokens_per_s']:8.0f} tok/s  "
+    print(f"  in process  load {load:4d}{' staggered' if args.stagger else ''}: "
+          f"{point['generated_tokens_per_s']:8.0f} tok/s  "
           f"TTFT p50 {_fmt(point['ttft_p50_ms'])} ms", flush=True)
     return point
 
@@ -254,6 +270,10 @@ def through_triton(args, loads: list[int], workdir: Path) -> list[dict]:
                   **dict(item.split("=", 1) for item in args.param)}
     if args.dtype:
         parameters["dtype"] = args.dtype
+    if args.model_dir:
+        parameters["model_dir"] = args.model_dir
+    if args.engine_process:
+        parameters["engine_process"] = args.engine_process
     if "gpu_device_ids" in parameters:  # each instance's device comes from its group, not one `device` for all
         del parameters["device"]
     one = "instance_group [ { count: 1, kind: KIND_CPU } ]"
@@ -340,15 +360,30 @@ def main() -> int:
     parser.add_argument("--instances", type=int, default=1,
                         help="instances of tensorrt_llm (with --param gpu_device_ids=0;1: one per GPU)")
     parser.add_argument("--skip-in-process", action="store_true")
+    parser.add_argument("--skip-triton", action="store_true")
+    parser.add_argument("--stagger", action="store_true",
+                        help="in process: start the streams spread over one request's steps (as they arrive through "
+                             "Triton), not all at once")
+    parser.add_argument("--model-dir", default=None, help="a Hugging Face checkpoint for both sides (default SmolLM2)")
+    parser.add_argument("--tiny-model", action="store_true",
+                        help="both sides serve a tiny random-weight Llama (bench/tiny_checkpoint.py): the model's "
+                             "step costs little, so the serving path's own cost shows, as with SmolLM2 on an H200")
+    parser.add_argument("--engine-process", choices=("true", "false"), default=None,
+                        help="engine in a worker process (true) or on a thread (false), both sides; default: the "
+                             "server's default, and a thread in process")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
     RESULTS = args.results_dir
+    if args.tiny_model and not args.model_dir:
+        from tiny_checkpoint import write_tiny_checkpoint
+
+        args.model_dir = str(write_tiny_checkpoint(RESULTS / "tiny-llama"))
     args.stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     report: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "cpus": os.cpu_count(),
                     "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
     report["in_process"] = [] if args.skip_in_process else in_process(args, args.loads)
     workdir = RESULTS / f"e2e-server-{args.stamp}"  # kept: its server.log explains a failed start
-    report["triton"] = through_triton(args, args.loads, workdir)
+    report["triton"] = [] if args.skip_triton else through_triton(args, args.loads, workdir)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"e2e-{args.stamp}.json"
     path.write_text(json.dumps(report, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)))
