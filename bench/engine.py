@@ -137,8 +137,8 @@ def main() -> None:
                              "default: --prompts)")
     parser.add_argument("--skip-sequential", action="store_true", help="skip the one-at-a-time generate baseline")
     parser.add_argument("--results-dir", default=None, help="also write engine-<time>.json there")
-    parser.add_argument("--cuda-graphs", action="store_true",
-                        help="decode steps replayed from CUDA graphs (config cuda_graphs=true)")
+    parser.add_argument("--eager", action="store_true",
+                        help="decode steps as eager forwards, no CUDA graphs (config cuda_graphs=false)")
     parser.add_argument("--engine-process", action="store_true",
                         help="the executor's engine in a worker process of its own (config engine_process=true)")
     args = parser.parse_args()
@@ -163,11 +163,11 @@ def main() -> None:
         model.generate(warm, max_new_tokens=2, do_sample=False, pad_token_id=pad_id)
         if args.engine_process:
             spec = EngineSpec(device=args.device, dtype=dtype, torch_threads=args.threads,
-                              max_batch_size=max(levels), max_num_tokens=8192, cuda_graphs=args.cuda_graphs)
+                              max_batch_size=max(levels), max_num_tokens=8192, cuda_graphs=not args.eager)
             executor = TransformersExecutor.in_worker_process(spec)
         else:
             executor = TransformersExecutor(model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192,
-                                            cuda_graphs=args.cuda_graphs)
+                                            cuda_graphs=not args.eager)
         try:
             run_executor(executor, all_prompts[: max(levels)], 4, max(levels))  # warm-up (allocations, graphs)
             for level in levels:

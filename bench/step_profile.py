@@ -1,7 +1,7 @@
 """Where an engine iteration's time goes: the engine thread's phases, and on CUDA the GPU's kernel time.
 
     .venv/bin/python bench/step_profile.py --tiny --levels 1,64            # here: a tiny random model (host work only)
-    bench/gpu/run_on_gpu.sh python bench/step_profile.py --device cuda --levels 1,256 [--cuda-graphs]
+    bench/gpu/run_on_gpu.sh python bench/step_profile.py --device cuda --levels 1,256 [--eager]
 
 For each level N: N greedy requests of --max-tokens each, all in flight at once, through the transformers executor
 (engine on a thread of this process); after a warm-up round at the same level, one measured round. Printed per level:
@@ -37,24 +37,15 @@ def tiny_model() -> torch.nn.Module:
     return LlamaForCausalLM(config).eval()
 
 
-def use_fused_rms_norm(model: torch.nn.Module) -> None:
-    """Each RMSNorm layer as one torch.nn.functional.rms_norm call (transformers' own: about six kernels)."""
-    import types
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
-
-    for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm"):
-            module.forward = types.MethodType(forward, module)
-
-
-def run_round(executor: TransformersExecutor, prompts: list[list[int]], max_tokens: int) -> tuple[int, float]:
+def run_round(executor: TransformersExecutor, prompts: list[list[int]], max_tokens: int,
+              sample: bool) -> tuple[int, float]:
     """Every prompt in flight at once, to the end; (generated tokens, seconds)."""
+    settings = {"temperature": 0.8, "top_p": 0.95} if sample else {}
     begin = time.monotonic()
     open_ids = {
-        executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=max_tokens, min_tokens=max_tokens))
-        for prompt in prompts
+        executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=max_tokens, min_tokens=max_tokens,
+                                           seed=seed if sample else None, **settings))
+        for seed, prompt in enumerate(prompts)
     }
     tokens = 0
     while open_ids:
@@ -89,11 +80,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=48, help="tokens per prompt (distinct random ids)")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model instead of the embedded SmolLM2")
-    parser.add_argument("--cuda-graphs", action="store_true")
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (config cuda_graphs=false)")
+    parser.add_argument("--sample", action="store_true",
+                        help="sampled requests (temperature 0.8, top_p 0.95, each its own seed) instead of greedy")
     parser.add_argument("--attention", choices=["grouped", "sdpa"], default="grouped",
                         help="decode attention: the engine's grouped-query function (default) or transformers' SDPA")
-    parser.add_argument("--fused-norm", action="store_true",
-                        help="experiment: the model's RMSNorm layers through torch's fused rms_norm")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--top", type=int, default=8, help="kernels listed per level")
     parser.add_argument("--results-dir", default=None)
@@ -106,8 +97,6 @@ def main() -> None:
         from trtllm_model.embedded.model_loading import load_model
 
         model = load_model(device=args.device, dtype=dtype).model
-    if args.fused_norm:
-        use_fused_rms_norm(model)
     levels = [int(level) for level in args.levels.split(",") if level]
     generator = torch.Generator().manual_seed(1)
     vocab = model.config.vocab_size
@@ -115,23 +104,23 @@ def main() -> None:
     results = []
     with torch.inference_mode():
         executor = TransformersExecutor(model, None, max_batch_size=max(levels), max_num_tokens=16384,
-                                        cuda_graphs=args.cuda_graphs)
+                                        cuda_graphs=not args.eager)
         engine = executor.engine
         if args.attention == "sdpa":
             model.config._attn_implementation = "sdpa"
         try:
             for level in levels:
                 prompts = torch.randint(1, vocab, (level, args.prompt_len), generator=generator).tolist()
-                run_round(executor, prompts, args.max_tokens)  # warm-up: allocations, graphs of these buckets
+                run_round(executor, prompts, args.max_tokens, args.sample)  # warm-up: allocations, graphs of these buckets
                 engine.phase_seconds.clear()
                 first = engine.iteration
                 if cuda:
                     activities = [torch.profiler.ProfilerActivity.CUDA]
                     with torch.profiler.profile(activities=activities) as profiler:
-                        tokens, seconds = run_round(executor, prompts, args.max_tokens)
+                        tokens, seconds = run_round(executor, prompts, args.max_tokens, args.sample)
                         torch.cuda.synchronize()
                 else:
-                    tokens, seconds = run_round(executor, prompts, args.max_tokens)
+                    tokens, seconds = run_round(executor, prompts, args.max_tokens, args.sample)
                 iterations = max(1, engine.iteration - first)
                 row = {
                     "level": level, "tokens_per_s": tokens / seconds, "iterations": iterations,

@@ -4,12 +4,14 @@ Order, per row: embedding bias, repetition penalty (over prompt and output, as i
 frequency penalties (over the output only, as in OpenAI's API), bans (bad words; the end id before min_tokens),
 temperature; then top-k and top-p cut the distribution that is sampled. A log prob is that of the chosen token
 under the distribution after temperature and before top-k/top-p.
-Greedy rows share one batched argmax; each sampling row draws from its own `torch.Generator`, so a seeded request
-gets the same random draws whatever else shares the batch.
+Greedy rows share one batched argmax; sampling rows are cut and drawn together on the logits' device (one uniform
+number per row from the row's own `random.Random`, so a seeded request gets the same draws whatever else shares the
+batch).
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +85,7 @@ class SamplingState:
     """What the processors need to know about one sequence at this step."""
 
     params: SamplingParams
-    generator: torch.Generator | None
+    generator: random.Random | None
     token_ids: list[int]  # prompt + output so far
     output_counts: dict[int, int]  # output token -> occurrences
     num_output: int
@@ -120,30 +122,78 @@ def _apply_penalties(row: torch.Tensor, state: SamplingState) -> None:
         row[ids] -= params.presence_penalty + params.frequency_penalty * counts
 
 
-def _sample_row(row: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[int, float]:
-    """Sample one token from one row of logits; returns it with its log prob after temperature."""
-    scaled = row / params.temperature
-    log_total = torch.logsumexp(scaled, 0)
-    if not torch.isfinite(log_total):  # every token banned: answer something rather than fail the whole batch
-        return int(row.argmax()), float("-inf")
-    # Cut to candidates sorted by logit: top-k, or for top-p alone the few best tokens when they already hold
-    # top_p of the probability (the usual case), which spares sorting the whole vocabulary.
-    if params.top_k:
-        values, ids = torch.topk(scaled, params.top_k)
-    elif params.top_p < 1.0:
-        values, ids = torch.topk(scaled, min(TOP_P_CANDIDATES, scaled.numel()))
-        if float((values - log_total).exp().sum()) < params.top_p:
-            values, ids = torch.sort(scaled, descending=True)
+def _candidates(scaled: torch.Tensor, params: list[SamplingParams], log_total: torch.Tensor, count: int):
+    """(ids, probs, short): each row's best `count` tokens, best first, with the probability each keeps after
+    top-k and top-p (not normalised); `short` marks top-p-only rows whose candidates hold less than their top_p
+    (they need every token: the caller asks again for those rows)."""
+    if count >= scaled.shape[-1]:
+        values, ids = torch.sort(scaled, dim=-1, descending=True)
     else:
-        values, ids = scaled, None
+        values, ids = torch.topk(scaled, count, dim=-1)
+    device = scaled.device
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    cut_by_k = torch.tensor([bool(p.top_k) for p in params], device=device)
+    in_top_k = torch.arange(values.shape[-1], device=device)[None, :] < torch.tensor(
+        [p.top_k or values.shape[-1] for p in params], device=device)[:, None]
     # Within top-k, top-p applies to the renormalised distribution (as in Hugging Face); alone, to the full one.
-    probs = (values - (torch.logsumexp(values, 0) if params.top_k else log_total)).exp()
-    if params.top_p < 1.0:
-        before = probs.cumsum(0) - probs  # probability of the better tokens
-        probs = probs[: max(1, int((before < params.top_p).sum()))]
-    choice = int(torch.multinomial(probs, 1, generator=generator))
-    token = int(ids[choice]) if ids is not None else choice
-    return token, float(scaled[token] - log_total)
+    kept_values = values.masked_fill(~in_top_k, float("-inf"))
+    norm = torch.where(cut_by_k, torch.logsumexp(kept_values, -1), log_total)
+    probs = (kept_values - norm[:, None]).exp()
+    cut_by_p = top_p < 1.0
+    short = cut_by_p & ~cut_by_k & (probs.sum(-1) < top_p)
+    before = probs.cumsum(-1) - probs  # probability of the better tokens
+    keep = (before < top_p[:, None]) | ~cut_by_p[:, None]
+    keep[:, 0] = True
+    return ids, probs * keep, short
+
+
+def _draw(ids: torch.Tensor | None, probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """The token of each row where its draw in [0, 1) falls in its cumulative `probs` (token i of `ids`, or token i
+    itself without `ids`); never a token of probability 0 (rounding at the top end falls back to the last token that
+    can be drawn)."""
+    cumulative = probs.double().cumsum(-1)
+    choice = torch.searchsorted(cumulative, (draws * cumulative[:, -1])[:, None], right=True)[:, 0]
+    choice = torch.minimum(choice, (probs > 0).cumsum(-1).argmax(-1))
+    return choice if ids is None else ids.gather(1, choice[:, None])[:, 0]
+
+
+def _sample_rows(logits: torch.Tensor, states: list[SamplingState]) -> tuple[list[int], list[float]]:
+    """One token per row, cut and drawn on the logits' device for the whole batch at once; with its log prob after
+    temperature. Each row's one uniform draw comes from its own generator, so a seeded request draws the same
+    whatever shares the batch."""
+    params = [state.params for state in states]
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
+    scaled = logits / temperature[:, None]
+    log_total = torch.logsumexp(scaled, -1)
+    draws = torch.tensor([state.generator.random() for state in states], dtype=torch.float64, device=device)
+    tokens = torch.empty(len(states), dtype=torch.long, device=device)
+    uncut = [row for row, p in enumerate(params) if not p.top_k and p.top_p >= 1.0]
+    cut = [row for row, p in enumerate(params) if p.top_k or p.top_p < 1.0]
+    if uncut:  # the whole vocabulary, in its own order
+        rows = _rows(uncut, len(states), device)
+        tokens[rows] = _draw(None, (scaled[rows] - log_total[rows, None]).exp(), draws[rows])
+    if cut:
+        rows = _rows(cut, len(states), device)
+        picked = [params[row] for row in cut]
+        count = min(scaled.shape[-1], max(max(p.top_k for p in picked), TOP_P_CANDIDATES))
+        ids, probs, short = _candidates(scaled[rows], picked, log_total[rows], count)
+        tokens[rows] = _draw(ids, probs, draws[rows])
+        if bool(short.any()):  # top-p rows that need more than the candidates: every token, sorted
+            again = short.nonzero()[:, 0].tolist()
+            rows = torch.tensor(cut, device=device)[again]
+            ids, probs, _ = _candidates(scaled[rows], [picked[i] for i in again], log_total[rows], scaled.shape[-1])
+            tokens[rows] = _draw(ids, probs, draws[rows])
+    finite = torch.isfinite(log_total)
+    if not bool(finite.all()):  # every token banned: answer something rather than fail the batch
+        tokens = torch.where(finite, tokens, logits.argmax(-1))
+    log_probs = torch.where(finite, scaled.gather(1, tokens[:, None])[:, 0] - log_total, float("-inf"))
+    return tokens.tolist(), log_probs.tolist()
+
+
+def _rows(rows: list[int], count: int, device: torch.device) -> torch.Tensor | slice:
+    """An index of `rows` out of `count`; all of them: a slice, which indexes without copying."""
+    return slice(None) if len(rows) == count else torch.tensor(rows, device=device)
 
 
 def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tuple[list[int], list[float | None]]:
@@ -167,7 +217,9 @@ def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tup
         if banned_ids:  # one indexed write for the whole batch: per-row writes cost one kernel launch each on CUDA
             index = torch.tensor([banned_rows, banned_ids], dtype=torch.long, device=logits.device)
             logits[index[0], index[1]] = float("-inf")
-    tokens = logits.argmax(-1).tolist()  # the greedy rows' answer; sampling rows are overwritten below
+    sampling_rows = [row for row, state in enumerate(states) if not state.params.greedy]
+    # The greedy rows' answer (sampling rows are overwritten below); skipped when no row is greedy.
+    tokens = logits.argmax(-1).tolist() if len(sampling_rows) < len(states) else [0] * len(states)
     log_probs: list[float | None] = [None] * len(states)
     greedy_rows = [row for row, state in enumerate(states) if state.params.greedy and state.params.log_probs]
     if greedy_rows:
@@ -176,14 +228,11 @@ def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tup
         values = torch.log_softmax(logits[index], -1).gather(1, chosen[:, None])[:, 0].tolist()
         for row, value in zip(greedy_rows, values):
             log_probs[row] = value
-    sampling_rows = [row for row, state in enumerate(states) if not state.params.greedy]
-    # Sampling happens on the CPU, where the per-request generators live (the same seed, the same draws on any
-    # device); on CUDA that is one copy of the logits, not one per row.
-    host_logits = logits.cpu() if sampling_rows else logits
-    for row in sampling_rows:
-        state = states[row]
-        token, log_prob = _sample_row(host_logits[row], state.params, state.generator)
-        tokens[row] = token
-        if state.params.log_probs:
-            log_probs[row] = log_prob
+    if sampling_rows:
+        rows = _rows(sampling_rows, len(states), logits.device)
+        sampled, sampled_log_probs = _sample_rows(logits[rows], [states[row] for row in sampling_rows])
+        for row, token, log_prob in zip(sampling_rows, sampled, sampled_log_probs):
+            tokens[row] = token
+            if states[row].params.log_probs:
+                log_probs[row] = log_prob
     return tokens, log_probs

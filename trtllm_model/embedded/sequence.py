@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import enum
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 from ..executor_interface import FinishReason, GenerationRequest, Step
 from .block_manager import BlockTable
@@ -29,7 +28,7 @@ class Sequence:
     end_id: int | None
     stop_words: list[list[int]]
     sampling: SamplingParams
-    generator: torch.Generator | None
+    generator: random.Random | None
     deadline: float | None  # time.monotonic() past which it ends TIMED_OUT
     token_ids: list[int]  # prompt, then output
     status: Status = Status.WAITING
@@ -50,12 +49,8 @@ class Sequence:
     ) -> Sequence:
         sampling = SamplingParams.from_request(request, vocab_size)
         generator = None
-        if not sampling.greedy:
-            generator = torch.Generator()
-            if request.seed is not None:
-                generator.manual_seed(request.seed)
-            else:
-                generator.seed()
+        if not sampling.greedy:  # seeded: the same draws every time; else from the system's entropy
+            generator = random.Random(request.seed)
         end_id = request.end_id if request.end_id is not None else default_end_id
         deadline = None
         if request.allotted_time_ms is not None and request.allotted_time_ms > 0:

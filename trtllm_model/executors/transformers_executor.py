@@ -14,8 +14,9 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   engine_process   true: the engine runs in a worker process of its own (executors/engine_process.py), the stub
                    keeps request checks, tokenizer and sends; false: on a thread of the stub. Default: true on
                    CUDA, false on CPU (measured in docs/performance.md)
-  cuda_graphs      true: on CUDA, each bucketed decode step (rows and block-table width padded to powers of two)
-                   is captured as a CUDA graph on its first use and replayed after; ignored on CPU. Default false
+  cuda_graphs      true (default): on CUDA, every bucketed decode step (rows and block-table width padded to powers of
+                   two) is captured as a CUDA graph at load and replayed; prompts that fit beside the decoding rows
+                   are prefilled as rows of the same graph. false: eager forwards. Ignored on CPU
   max_num_tokens   tokens through the model per step: decoding sequences + prefilled prompt tokens (default 2048)
   kv_cache_memory_bytes  the memory of the KV block pool, allocated at load (blocks of 16 tokens); a request
                    joins the batch only while the free blocks hold its prompt + max_tokens (less the blocks it
@@ -104,7 +105,7 @@ class TransformersExecutor(Executor):
         kv_cache_memory_bytes: int | None = None,
         enable_kv_cache_reuse: bool = True,
         kv_block_size: int = DEFAULT_BLOCK_SIZE,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool = True,
     ) -> None:
         """The engine on a thread of this process."""
         self.runner = ModelRunner(model, cuda_graphs=cuda_graphs)
@@ -303,7 +304,7 @@ def create(params: Params) -> Executor:
             max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, kv_cache_memory_bytes=kv_cache_memory_bytes,
             kv_cache_free_gpu_mem_fraction=fraction, stats_max_iterations=stats_max_iterations,
             enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
-            cuda_graphs=params.bool("cuda_graphs", False),
+            cuda_graphs=params.bool("cuda_graphs", True),
         )
         executor = TransformersExecutor.in_worker_process(
             spec,
@@ -340,7 +341,7 @@ def create(params: Params) -> Executor:
         stats_max_iterations=stats_max_iterations,
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
-        cuda_graphs=params.bool("cuda_graphs", False),
+        cuda_graphs=params.bool("cuda_graphs", True),
     ), guide_limits)
 
 

@@ -1,13 +1,19 @@
-"""The attention function the embedded engine plugs into a transformers model (its `AttentionInterface`).
+"""What the embedded engine changes in a transformers model's forward on CUDA, each measured on an H200
+(`bench/step_profile.py`, docs/performance.md): fewer bytes and fewer kernels per decode step.
 
-A decode step has one query per row against the row's gathered blocks. transformers' SDPA path repeats each key and
-value head for every query head it serves (`repeat_kv`, 3x for SmolLM2's 9 query / 3 key-value heads) before SDPA,
-which triples the bytes the step moves through memory (on an H200 a 256-row decode step is bound by those bytes).
-Here the query heads that share a key-value head are packed as that head's queries instead: SDPA reads each key and
-value once. Prefill (several queries per row) goes to transformers' own SDPA function unchanged.
+Grouped decode attention (through transformers' `AttentionInterface`). A decode step has one query per row against
+the row's gathered blocks. transformers' SDPA path (the version on the GPU image) repeats each key and value head for
+every query head it serves (`repeat_kv`, 3x for SmolLM2's 9 query / 3 key-value heads) before SDPA, which triples the
+bytes the step moves: here the query heads that share a key-value head are packed as that head's queries instead,
+and SDPA reads each key and value once (256 rows: 4.3 against 8.2 ms of kernels a step). Several queries per row
+(prefill) go to transformers' own SDPA function unchanged.
+
+Fused RMSNorm: one kernel per norm instead of six.
 """
 
 from __future__ import annotations
+
+import types
 
 import torch
 import torch.nn.functional as F
@@ -48,3 +54,16 @@ def use_grouped_decode_attention(model: torch.nn.Module) -> None:
     # Set on the config the layers read at every forward; set_attn_implementation would also re-check the model
     # class's declared support, which a registered function does not need.
     model.config._attn_implementation = NAME
+
+
+def use_fused_rms_norm(model: torch.nn.Module) -> None:
+    """Each RMSNorm layer as one `torch.nn.functional.rms_norm` (transformers' own is six kernels: a decode step of
+    SmolLM2 launches 61 norms). The fused kernel rounds once where transformers rounds twice (before and after the
+    weight), so low-order bits can differ."""
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            module.forward = types.MethodType(_fused_rms_norm_forward, module)
+
+
+def _fused_rms_norm_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
