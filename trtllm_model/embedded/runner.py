@@ -111,8 +111,14 @@ class ModelRunner:
         ids = np.zeros(rows, dtype=np.int64)
         positions = np.zeros(rows, dtype=np.int64)
         tables = np.full((rows, width), TRASH_BLOCK, dtype=np.int64)
-        row = 0
-        for sequence, (start, end) in zip(owners, spans):
+        decoding = len(sequences)
+        ids[:decoding] = [sequence.token_ids[-1] for sequence in sequences]
+        positions[:decoding] = [start for start, _ in spans[:decoding]]
+        for row, sequence in enumerate(sequences):
+            block_ids = sequence.blocks.block_ids
+            tables[row, : len(block_ids)] = block_ids
+        row = decoding
+        for sequence, (start, end) in zip(prefills, spans[decoding:]):
             block_ids = sequence.blocks.block_ids
             ids[row : row + end - start] = sequence.token_ids[start:end]
             positions[row : row + end - start] = np.arange(start, end)
