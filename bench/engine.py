@@ -166,7 +166,10 @@ def main() -> None:
                               max_batch_size=max(levels), max_num_tokens=8192, cuda_graphs=not args.eager)
             executor = TransformersExecutor.in_worker_process(spec)
         else:
-            executor = TransformersExecutor(model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192,
+            # A model object of its own: the engine changes its forward (embedded/model_patches.py), and the
+            # generate baselines below stay transformers' own.
+            engine_model = load_model(device=args.device, dtype=dtype).model
+            executor = TransformersExecutor(engine_model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192,
                                             cuda_graphs=not args.eager)
         try:
             run_executor(executor, all_prompts[: max(levels)], 4, max(levels))  # warm-up (allocations, graphs)
