@@ -81,7 +81,12 @@ def in_process(args, loads: list[int]) -> list[dict]:
     finally:
         executor.shutdown()
         if args.device.startswith("cuda"):
-            del executor, loaded
+            # The server started next must find the GPU as this process found it: the engine's KV pool takes a
+            # share of the memory free at its start (a CUDA graph that found none left was not captured).
+            import gc
+
+            executor = loaded = None
+            gc.collect()
             torch.cuda.empty_cache()
     return points
 

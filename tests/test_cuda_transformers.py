@@ -156,3 +156,31 @@ def test_cuda_graph_decode_gives_the_greedy_tokens_of_the_eager_decode():
     identical = sum(a == b for a, b in zip(graph_all, eager_all))
     print(f"\ncuda graphs: {identical} of {len(QUESTIONS)} concurrent answers identical to eager")
     assert identical >= len(QUESTIONS) // 2
+
+
+def test_buckets_without_memory_for_a_graph_run_eagerly_with_the_same_tokens(monkeypatch):
+    """A bucket whose forward does not fit beside the KV pool is not captured (the engine would otherwise fail at
+    load, as it did on the H200 beside a process holding most of the GPU): it runs eagerly, with the graphs'
+    greedy tokens (float32, one request at a time)."""
+    from trtllm_model.detokenizer import chat_prompt_ids
+    from trtllm_model.embedded.model_loading import load_model
+    from trtllm_model.embedded.runner import ModelRunner
+    from trtllm_model.executors.transformers_executor import TransformersExecutor
+
+    loaded = load_model(device="cuda", dtype="float32")
+    prompts = [chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS[:3]]
+    answers = {}
+    for starved in (False, True):
+        if starved:  # only single-row buckets fit
+            monkeypatch.setattr(ModelRunner, "_fits_beside_pool", lambda self, rows, width: rows == 1)
+        executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=4,
+                                        kv_cache_memory_bytes=1 << 30)
+        try:
+            answers[starved] = _greedy_answers(executor, prompts, concurrent=False)
+            runner = executor.runner
+            graphs, eager = set(runner._graphs), set(runner._eager_buckets)
+        finally:
+            executor.shutdown()
+        if starved:
+            assert graphs and all(rows == 1 for rows, _ in graphs) and eager
+    assert answers[True] == answers[False]

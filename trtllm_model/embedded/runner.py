@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 
 import numpy as np
 import torch
@@ -21,6 +22,12 @@ from .block_manager import TRASH_BLOCK
 from .kv_cache import KvBlockPool, PagedCache, StepInputs
 from .model_patches import use_fused_rms_norm, use_grouped_decode_attention
 from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+# GPU memory a bucket's capture leaves free beyond its estimated peak (the estimate is rough).
+GRAPH_MEMORY_MARGIN_BYTES = 256 << 20
 
 
 class ModelRunner:
@@ -46,6 +53,7 @@ class ModelRunner:
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, logits)
         self._graph_pool = None
         self.max_graph_rows = 0  # rows of the largest captured bucket (capture_decode_graphs)
+        self._eager_buckets: set[tuple[int, int]] = set()  # not captured: the GPU memory left was too little
         # transformers 5.x renamed `past_key_values` to `cache`; accept either.
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -67,6 +75,7 @@ class ModelRunner:
                                 self.dtype, self.device)
         self._static_inputs.clear()
         self._graphs.clear()  # they captured the old pool's addresses
+        self._eager_buckets.clear()
         return self.pool
 
     # -- steps -----------------------------------------------------------------------------------------------------
@@ -140,16 +149,16 @@ class ModelRunner:
 
     def capture_decode_graphs(self, max_rows: int) -> int:
         """With `cuda_graphs`, capture every decode bucket up to `max_rows` rows (decoding sequences and prompt
-        tokens prefilled in the same forward, see `decode`) whose rows x width fits the pool's
-        blocks (largest first: the graphs share one memory pool), so no request waits for a capture; a bucket
-        beyond (possible with shared prefixes) is still captured on first use. Returns how many were captured."""
+        tokens prefilled in the same forward, see `decode`) whose rows x width fits the pool's blocks, largest first
+        (the graphs share one memory pool), so no request waits for a capture. A bucket whose forward would not fit
+        in the GPU memory left beside the pool is not captured: it runs eagerly (`_graph_logits`). A bucket beyond
+        these (possible with shared prefixes) is captured on first use. Returns how many were captured."""
         if not self.cuda_graphs:
             return 0
         block_size = self.pool.block_size
         most = self.max_blocks_per_sequence
         widths = {min(1 << n, most) for n in range(_bucket(most).bit_length())}  # as decode() pads them
         rows_buckets = [1 << n for n in range(_bucket(max_rows).bit_length())]
-        self.max_graph_rows = rows_buckets[-1]
         buckets = [(rows, width) for rows in rows_buckets for width in widths if rows * width <= self.pool.num_blocks]
         for rows, width in sorted(buckets, key=lambda bucket: -bucket[0] * bucket[1]):
             # Every row a padding row: token 0 at position 0, its key and value written to the trash block.
@@ -160,7 +169,23 @@ class ModelRunner:
                 torch.full((rows, width), TRASH_BLOCK, dtype=torch.long),
             )
             self._graph_logits(self._static_copy(inputs))
-        return len(buckets)
+        self.max_graph_rows = max((rows for rows, _ in self._graphs), default=0)
+        if self._eager_buckets:
+            log.warning("%d of %d decode buckets run eagerly: their forward does not fit in the GPU memory left "
+                        "beside the KV pool (lower kv_cache_free_gpu_mem_fraction to capture them)",
+                        len(self._eager_buckets), len(buckets))
+        return len(self._graphs)
+
+    def _fits_beside_pool(self, rows: int, width: int) -> bool:
+        """Whether a decode forward of this bucket fits in the GPU memory free now (an estimate of its peak: the
+        gathered keys and values, twice, the logits in both dtypes, the layer activations), with a margin."""
+        gathered = 2 * rows * width * self.pool.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        config = self.model.config
+        activations = rows * (config.hidden_size + 2 * getattr(config, "intermediate_size", 0)) * 4 * 4
+        need = 2 * gathered + rows * self.vocab_size * (self.dtype.itemsize + 8) + activations
+        free, _ = torch.cuda.mem_get_info(self.device)
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return need + GRAPH_MEMORY_MARGIN_BYTES <= free + cached
 
     @property
     def max_blocks_per_sequence(self) -> int:
@@ -205,6 +230,9 @@ class ModelRunner:
         key = tuple(inputs.block_tables.shape)
         captured = self._graphs.get(key)
         if captured is None:
+            if key in self._eager_buckets or not self._fits_beside_pool(*key):
+                self._eager_buckets.add(key)
+                return self._forward(inputs)
             captured = self._graphs[key] = self._capture(inputs)
         graph, logits = captured
         graph.replay()
