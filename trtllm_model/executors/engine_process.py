@@ -59,7 +59,7 @@ class EngineSpec:
     kv_cache_free_gpu_mem_fraction: float | None = None
     stats_max_iterations: int = 1000
     enable_kv_cache_reuse: bool = True
-    cuda_graphs: bool = False
+    cuda_graphs: bool = True  # on CUDA; ignored on CPU
 
 
 @dataclass(slots=True)
