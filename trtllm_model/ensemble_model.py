@@ -11,6 +11,11 @@ so the unload never waits on them.
 
 Forwarded request ids are random (128 bits): `stop` cancels by request id, and a client that could guess another's
 forwarded id could stop that client's stream.
+
+Each finished BLS response iterator is kept for RELEASE_AFTER_S before this model lets it go (IteratorKeeper): in
+Triton 2.51 the stub frees an iterator, with every response it kept, on whichever thread drops it last, and when that
+is the stub's own C++ thread it frees their numpy arrays without the GIL, which corrupts the stub's heap (segfaults,
+"Stub process 'ensemble_0_0' is not healthy"; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import logging
 import secrets
 import threading
 import time
+from collections import deque
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -34,6 +40,9 @@ _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_S = 0.1
 # On unload, how long tensorrt_llm gets to end the forwarded requests itself before the watcher ends the rest.
 FORWARDED_GRACE_S = 2.0
+# How long a finished BLS response iterator stays referenced here: far beyond the time the stub's stub-to-parent
+# thread takes to reach the iterator's cleanup message (one IPC round trip per message queued before it).
+RELEASE_AFTER_S = 5.0
 
 
 class Refused(ValueError):
@@ -65,6 +74,35 @@ class _Forward:
                 self.sender.send(response, flags=_FINAL)
 
 
+class IteratorKeeper:
+    """Holds finished BLS response iterators for `hold_s`, so that the last reference to each is dropped by one of
+    this model's Python threads (holding the GIL), never by the stub's stub-to-parent thread.
+
+    Triton 2.51's stub keeps its own reference to a decoupled BLS iterator in a map until its stub-to-parent thread
+    handles the iterator's cleanup message, which it queues behind the other stub-to-parent messages (cancellation
+    checks, other cleanups). If Python dropped the iterator first, that thread destroys it, and with it every
+    response it kept, whose numpy arrays it then frees without the GIL (fixed upstream after 24.10: python_backend
+    PR #390 takes the GIL in the tensor's destructor)."""
+
+    def __init__(self, hold_s: float = RELEASE_AFTER_S) -> None:
+        self.hold_s = hold_s
+        self._lock = threading.Lock()
+        self._held: deque[tuple[float, object]] = deque()
+
+    def keep(self, iterator: object) -> None:
+        """Hold `iterator` (fully read); drop, on this thread, those held longer than `hold_s`."""
+        now = time.monotonic()
+        expired = []
+        with self._lock:
+            self._held.append((now + self.hold_s, iterator))
+            while self._held and self._held[0][0] <= now:
+                expired.append(self._held.popleft()[1])
+        expired.clear()  # the last references, dropped here with the GIL and outside the lock
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
 class TritonPythonModel:
     target = TARGET_MODEL  # the model requests are forwarded to (tensorrt_llm_bls: its tensorrt_llm_model_name)
 
@@ -78,6 +116,7 @@ class TritonPythonModel:
         self._open: dict[str, _Forward] = {}  # forwarded id -> client request, for the watch
         self._unloading_since: float | None = None
         self._target_unloading = unload_check(self.target)
+        self._iterators = IteratorKeeper()
         self._watch = StreamWatch(
             "ensemble-cancel",
             CANCEL_CHECK_S,
@@ -102,6 +141,7 @@ class TritonPythonModel:
     def _forward(self, forward: _Forward, forwarded_id: str) -> None:
         request = forward.request
         error, final_sent = None, False
+        responses, read_all = None, False
         try:
             parameters = json.loads(request.parameters() or "{}")
             inputs = request.inputs()
@@ -121,8 +161,9 @@ class TritonPythonModel:
                 request_id=forwarded_id,
                 parameters={k: v for k, v in parameters.items() if not k.startswith("triton_")},
             )
+            responses = inner.exec(decoupled=True)
             # Read to the end: the iterator must see the forwarded request's own final response.
-            for response in inner.exec(decoupled=True):
+            for response in responses:
                 if final_sent:
                     continue
                 if response.has_error():
@@ -140,20 +181,32 @@ class TritonPythonModel:
                     self._finish(forwarded_id, pb_utils.InferenceResponse(output_tensors=tensors))
                 elif tensors:
                     forward.send(pb_utils.InferenceResponse(output_tensors=tensors))
+            read_all = True
         except Refused as exc:
             error = pb_utils.TritonError(f"INVALID_ARG: {exc}", pb_utils.TritonError.INVALID_ARG)
         except Exception as exc:
             error = self._forwarding_error(exc)
-        if final_sent:
-            return
-        if error is None:
-            # The forwarded request ended without finishing every sequence: tensorrt_llm ended it with an error that
-            # Triton 2.51 does not pass to a BLS caller after earlier responses (see TritonStream.send_error).
-            error = (pb_utils.TritonError("CANCELLED: request cancelled", pb_utils.TritonError.CANCELLED)
-                     if forward.cancelled else
-                     pb_utils.TritonError(f"UNAVAILABLE: {self.target} ended the request early",
-                                          pb_utils.TritonError.UNAVAILABLE))
-        self._finish(forwarded_id, pb_utils.InferenceResponse(error=error))
+        if not final_sent:
+            if error is None:
+                # The forwarded request ended without finishing every sequence: tensorrt_llm ended it with an error
+                # that Triton 2.51 does not pass to a BLS caller after earlier responses (TritonStream.send_error).
+                error = (pb_utils.TritonError("CANCELLED: request cancelled", pb_utils.TritonError.CANCELLED)
+                         if forward.cancelled else
+                         pb_utils.TritonError(f"UNAVAILABLE: {self.target} ended the request early",
+                                              pb_utils.TritonError.UNAVAILABLE))
+            self._finish(forwarded_id, pb_utils.InferenceResponse(error=error))
+        if responses is not None:
+            self._retire(responses, read_all)
+
+    def _retire(self, responses, read_all: bool) -> None:
+        """Hand a BLS response iterator to the keeper, read to its end first (a stopped read leaves it unfinished)."""
+        if not read_all:
+            try:
+                for _ in responses:
+                    pass
+            except Exception:
+                log.debug("could not read a forwarded request to its end", exc_info=True)
+        self._iterators.keep(responses)
 
     def _forwarding_error(self, exc: Exception):
         try:
@@ -177,7 +230,21 @@ class TritonPythonModel:
     def _forward_cancellation(self, forward: _Forward) -> None:
         forward.cancelled = True
         # On its own thread: a BLS call the watch waited on could hold every other stream's watch.
-        threading.Thread(target=_send_stop, args=(self.target, forward.forwarded_id), daemon=True).start()
+        threading.Thread(target=self._send_stop, args=(forward.forwarded_id,), daemon=True).start()
+
+    def _send_stop(self, forwarded_id: str) -> None:
+        stop = pb_utils.InferenceRequest(
+            model_name=self.target,
+            inputs=[pb_utils.Tensor("stop", np.array([[True]]))],
+            requested_output_names=[],
+            request_id=forwarded_id,
+        )
+        try:
+            responses = stop.exec(decoupled=True)
+        except Exception:
+            log.warning("could not forward a cancellation", exc_info=True)
+            return
+        self._retire(responses, read_all=False)
 
     def _finish(self, forwarded_id: str, response) -> None:
         # Leave the watcher's view before the final response: asking Triton whether a finished request was
@@ -244,20 +311,6 @@ def _flag(tensors, name: str) -> bool:
 def _reason(tensor) -> str:
     value = tensor.as_numpy().reshape(-1)[0]
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _send_stop(target: str, forwarded_id: str) -> None:
-    stop = pb_utils.InferenceRequest(
-        model_name=target,
-        inputs=[pb_utils.Tensor("stop", np.array([[True]]))],
-        requested_output_names=[],
-        request_id=forwarded_id,
-    )
-    try:
-        for _ in stop.exec(decoupled=True):
-            pass
-    except Exception:
-        log.warning("could not forward a cancellation", exc_info=True)
 
 
 def _client_cancelled(forward: _Forward) -> bool | None:
