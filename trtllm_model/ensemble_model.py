@@ -99,9 +99,6 @@ class IteratorKeeper:
                 expired.append(self._held.popleft()[1])
         expired.clear()  # the last references, dropped here with the GIL and outside the lock
 
-    def __len__(self) -> int:
-        return len(self._held)
-
 
 class TritonPythonModel:
     target = TARGET_MODEL  # the model requests are forwarded to (tensorrt_llm_bls: its tensorrt_llm_model_name)
