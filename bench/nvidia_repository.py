@@ -32,24 +32,15 @@ from pathlib import Path
 import numpy as np
 import requests
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import np_to_triton_dtype
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent / "tests"))
 from conftest import start_server  # noqa: E402
 from prometheus_text import parse  # noqa: E402
+from triton_client import as_inputs  # noqa: E402
 
 MODELS = ("tensorrt_llm", "ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls")
 PROMPT = "Write a short story about a lighthouse keeper. Once upon a time,"
-
-
-def tensors(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
-    out = []
-    for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array)
-        out.append(tensor)
-    return out
 
 
 def text_call(model: str, max_tokens: int) -> Callable[[grpcclient.InferenceServerClient], int]:
@@ -60,7 +51,7 @@ def text_call(model: str, max_tokens: int) -> Callable[[grpcclient.InferenceServ
     wanted = [grpcclient.InferRequestedOutput("text_output"), grpcclient.InferRequestedOutput("num_output_tokens")]
 
     def call(client: grpcclient.InferenceServerClient) -> int:
-        result = client.infer(model, tensors(inputs), outputs=wanted)
+        result = client.infer(model, as_inputs(inputs), outputs=wanted)
         return int(result.as_numpy("num_output_tokens").sum())
 
     return call
@@ -73,14 +64,14 @@ def three_model_call(max_tokens: int) -> Callable[[grpcclient.InferenceServerCli
              "REQUEST_OUTPUT_LEN": np.array([[max_tokens]], dtype=np.int32)}
 
     def call(client: grpcclient.InferenceServerClient) -> int:
-        pre = client.infer("preprocessing", tensors(query))
-        llm = client.infer("tensorrt_llm", tensors({
+        pre = client.infer("preprocessing", as_inputs(query))
+        llm = client.infer("tensorrt_llm", as_inputs({
             "input_ids": pre.as_numpy("INPUT_ID"), "decoder_input_ids": pre.as_numpy("DECODER_INPUT_ID"),
             "input_lengths": pre.as_numpy("REQUEST_INPUT_LEN"), "request_output_len": pre.as_numpy("REQUEST_OUTPUT_LEN"),
             "end_id": pre.as_numpy("OUT_END_ID"), "pad_id": pre.as_numpy("OUT_PAD_ID"),
         }))
         lengths = llm.as_numpy("sequence_length")
-        post = client.infer("postprocessing", tensors({
+        post = client.infer("postprocessing", as_inputs({
             "TOKENS_BATCH": llm.as_numpy("output_ids").astype(np.int32), "SEQUENCE_LENGTH": lengths}))
         assert post.as_numpy("OUTPUT").size == 1
         return int(lengths.sum())
@@ -137,7 +128,7 @@ def metrics_gap(url: str, metrics_url: str, requests_n: int, max_tokens: int) ->
     token_inputs = {"input_ids": np.array([[72, 101, 108, 108, 111]], dtype=np.int32),
                     "input_lengths": np.array([[5]], dtype=np.int32),
                     "request_output_len": np.array([[max_tokens]], dtype=np.int32)}
-    calls = {"tensorrt_llm": lambda: client.infer("tensorrt_llm", tensors(token_inputs)),
+    calls = {"tensorrt_llm": lambda: client.infer("tensorrt_llm", as_inputs(token_inputs)),
              "ensemble": lambda: text_call("ensemble", max_tokens)(client)}
     out = {}
     with requests.Session() as session:
