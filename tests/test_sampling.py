@@ -74,3 +74,15 @@ def test_greedy_and_sampling_rows_together_and_an_all_banned_row():
     assert tokens[0] == int(logits[0].argmax())
     assert tokens[1] in logits[1].argsort(descending=True)[:2].tolist()
     assert log_probs[2] == float("-inf")
+
+
+def test_extreme_client_settings_still_give_a_token_of_the_vocabulary():
+    """Values a client may send (temperature near 0 or huge, top_p near 0, top_k near the vocabulary) never fail
+    the batch nor give a token outside the vocabulary; near-zero temperature is the greedy token."""
+    logits = logits_rows(6, 1000, seed=5)
+    settings = [{"temperature": 1e-30}, {"temperature": 3.4e38}, {"top_p": 1e-9}, {"top_k": 999},
+                {"top_k": 999, "top_p": 1e-9, "temperature": 1e-20}, {"temperature": 1e30}]
+    tokens, log_probs = sample_next_tokens(logits, [state(i, **s) for i, s in enumerate(settings)])
+    assert all(0 <= token < 1000 for token in tokens)
+    assert tokens[0] == int(logits[0].argmax()) and tokens[2] == int(logits[2].argmax())
+    assert all(not math.isnan(value) for value in log_probs)

@@ -1,5 +1,6 @@
-"""What the embedded engine changes in a transformers model's forward on CUDA, each measured on an H200
-(`bench/step_profile.py`, docs/performance.md): fewer bytes and fewer kernels per decode step.
+"""What the embedded engine changes in a transformers model's forward, each measured on an H200
+(`bench/step_profile.py`, docs/performance.md): fewer bytes (grouped attention, on every device) and fewer kernels
+(fused RMSNorm, on CUDA only) per decode step.
 
 Grouped decode attention (through transformers' `AttentionInterface`). A decode step has one query per row against
 the row's gathered blocks. transformers' SDPA path (the version on the GPU image) repeats each key and value head for

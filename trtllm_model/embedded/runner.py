@@ -111,8 +111,7 @@ class ModelRunner:
         spans = [(len(s.token_ids) - 1, len(s.token_ids)) for s in sequences]
         spans += [(s.num_computed, s.prompt_len) for s in prefills]
         owners = [*sequences, *prefills]
-        used_rows = sum(end - start for start, end in spans)
-        rows = used_rows
+        rows = sum(end - start for start, end in spans)
         width = max(len(sequence.blocks.block_ids) for sequence in owners)
         if self.static_shapes:
             rows, width = _bucket(rows), min(_bucket(width), self.max_blocks_per_sequence)
@@ -142,10 +141,13 @@ class ModelRunner:
         if not self.static_shapes:
             logits = self._forward(self._on_device(inputs))
         elif self.cuda_graphs:
-            logits = self._graph_logits(self._static_copy(inputs))  # the graph's own output: copied below
+            # The graph's own output, which the next replay overwrites: indexing copies it, a slice would not.
+            logits = self._graph_logits(self._static_copy(inputs))
+            if keep is None:
+                return logits[: len(sequences)].clone()
         else:
             logits = self._forward(self._static_copy(inputs))
-        return logits[keep] if keep is not None else logits[: len(sequences)].clone()
+        return logits[keep] if keep is not None else logits[: len(sequences)]
 
     def capture_decode_graphs(self, max_rows: int) -> int:
         """With `cuda_graphs`, capture every decode bucket up to `max_rows` rows (decoding sequences and prompt
