@@ -41,14 +41,17 @@ def test_templates_have_the_project_models_inputs_and_outputs(template):
     assert "decoupled: ${decoupled_mode}" in template
 
 
-def test_decoupled_flag_sets_both_models_policy(tmp_path):
+def test_decoupled_flag_sets_the_python_models_policy_and_the_ensemble_has_none(tmp_path):
     engine_dir = make_engine_dir(tmp_path / "engine")
     base = ["--executor", "trtllm_engine", "--set", f"gpt_model_path={engine_dir}"]
     assert main([*base, "--output", str(tmp_path / "default")]) == 0
     assert main([*base, "--output", str(tmp_path / "unary"), "--decoupled", "false"]) == 0
-    for model in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls"):
+    for model in ("tensorrt_llm", "tensorrt_llm_bls"):
         assert "{ decoupled: true }" in (tmp_path / "default" / model / "config.pbtxt").read_text()
         assert "{ decoupled: false }" in (tmp_path / "unary" / model / "config.pbtxt").read_text()
+    for repository in ("default", "unary"):  # a Triton ensemble passes on what tensorrt_llm sends, whatever it is
+        ensemble = (tmp_path / repository / "ensemble" / "config.pbtxt").read_text()
+        assert 'platform: "ensemble"' in ensemble and "decoupled" not in ensemble
     assert main([*base, "--output", str(tmp_path / "x"), "--decoupled", "false", "--set", "decoupled_mode=true"]) == 2
 
 

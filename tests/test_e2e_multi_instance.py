@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import start_server
 from prometheus_text import scrape
-from triton_client import StreamClient, stream_once, text_inputs, token_inputs
+from triton_client import StreamClient, model_error, stream_once, text_inputs, token_inputs
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +77,7 @@ def test_a_stop_ends_every_stream_of_both_instances(tmp_path):
         assert server.process.wait(10) == 0, server.log()[-3000:]
         for stream in streams:
             assert stream.finals == 1, (stream.finals, stream.errors)
-            assert len(stream.errors) == 1 and stream.errors[0].startswith("UNAVAILABLE: "), stream.errors
+            assert len(stream.errors) == 1 and model_error(stream.errors[0]).startswith("UNAVAILABLE: "), stream.errors
     finally:
         if client is not None:
             client.close()

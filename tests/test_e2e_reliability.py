@@ -39,6 +39,7 @@ def server(tmp_path_factory):
     server = start_server(
         tmp_path_factory.mktemp("reliability"),
         parameters={"max_batch_size": str(SLOTS), "synthetic_step_ms": str(STEP_MS)},
+        models=("tensorrt_llm", "ensemble", "tensorrt_llm_bls"),
     )
     yield server
     server.stop()
@@ -57,13 +58,14 @@ def first_token_delay(server, ids=(5,)) -> float:
         client.close()
 
 
-def fill_slots(server, count=SLOTS):
+def fill_slots(server, count=SLOTS, model="tensorrt_llm"):
     """Start `count` endless requests, each on its own gRPC stream, and wait for their first tokens."""
     clients, results = [], []
     for i in range(count):
         client = StreamClient(server.grpc_url)
         clients.append(client)
-        results.append(client.send("tensorrt_llm", token_inputs([i], 4000), f"long{i}"))
+        inputs = token_inputs([i], 4000) if model == "tensorrt_llm" else text_inputs(f"story {i}", 4000)
+        results.append(client.send(model, inputs, f"long{i}"))
     deadline = time.monotonic() + 10
     while not all(r.responses for r in results):
         assert time.monotonic() < deadline, "long requests never started"
@@ -94,6 +96,35 @@ def test_cancelling_grpc_streams_frees_the_executor_within_200_ms(server):
     # Every slot is busy until the executor is told: the probe's first token shows when that happened.
     assert_slots_free(server, within_s=0.2)
     assert_nothing_held(server)
+
+
+def test_cancelling_bls_streams_frees_the_executor(server):
+    # The BLS relay's watch (every 0.1 s) sends tensorrt_llm a `stop` for each forwarded request it sees cancelled.
+    clients, _ = fill_slots(server, model="tensorrt_llm_bls")
+    for client in clients:
+        client.cancel()
+    assert_slots_free(server, within_s=0.5)
+    assert_nothing_held(server)
+
+
+def test_an_ensemble_stream_is_stopped_by_its_own_request_id(server):
+    # Triton 2.51's ensemble checks for cancellation only between steps, so a client's cancellation never reaches the
+    # running tensorrt_llm request (as with NVIDIA's ensemble). It passes the client's request id on, so a `stop`
+    # with that id (NVIDIA's way) ends the generation.
+    clients, results = fill_slots(server, model="ensemble")
+    stopper = StreamClient(server.grpc_url)
+    try:
+        stops = [stopper.send("tensorrt_llm", [tensor("stop", True, np.bool_)], f"long{i}") for i in range(SLOTS)]
+        for stop in stops:
+            assert stop.wait(5).errors == []
+        for result in results:
+            assert result.wait(2).finals == 1 and result.errors == []
+        assert_slots_free(server, within_s=0.2)
+        assert_nothing_held(server)
+    finally:
+        stopper.close()
+        for client in clients:
+            client.close()
 
 
 def test_cancelling_one_stream_leaves_the_others_running(server):
@@ -129,28 +160,28 @@ def test_stop_input_cancels_the_request_with_that_id_which_ends_normally_with_re
     assert_nothing_held(server)
 
 
-def test_a_stop_cannot_reach_a_stream_forwarded_by_the_ensemble(server):
-    # `stop` cancels by request id, and the ensemble's forwarded ids were `ensemble-<stub pid>-<n>`: any client could
-    # stop another's stream. Try every id of that shape (the pids of the server's stubs, the first counts).
+def test_a_stop_cannot_reach_a_stream_forwarded_by_the_bls_model(server):
+    # `stop` cancels by request id, and the BLS relay's forwarded ids were once `ensemble-<stub pid>-<n>`: any client
+    # could stop another's stream. Try every id of that shape (the pids of the server's stubs, the first counts).
     import psutil
 
     pids = [p.pid for p in psutil.Process(server.process.pid).children(recursive=True)] + [server.process.pid]
     victim_client, stopper = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
     try:
-        victim = victim_client.send("ensemble", text_inputs("mine", 4000), "victim-text")
+        victim = victim_client.send("tensorrt_llm_bls", text_inputs("mine", 4000), "victim-text")
         deadline = time.monotonic() + 10
         while not victim.responses:
-            assert time.monotonic() < deadline, "the ensemble stream never started"
+            assert time.monotonic() < deadline, "the forwarded stream never started"
             time.sleep(0.01)
-        guesses = [stopper.send("tensorrt_llm", [tensor("stop", True, np.bool_)], f"ensemble-{pid}-{n}")
-                   for pid in pids for n in range(1, 8)]
+        guesses = [stopper.send("tensorrt_llm", [tensor("stop", True, np.bool_)], f"{prefix}{pid}-{n}")
+                   for prefix in ("ensemble-", "bls-forwarded-") for pid in pids for n in range(1, 8)]
         for guess in guesses:
             guess.wait(5)
         time.sleep(0.3)
         assert not victim.done.is_set(), f"a guessed forwarded id stopped another client's stream: {victim.errors}"
         before = len(victim.responses)
         time.sleep(0.2)
-        assert len(victim.responses) > before, "the ensemble stream stopped receiving tokens"
+        assert len(victim.responses) > before, "the forwarded stream stopped receiving tokens"
     finally:
         victim_client.cancel()
         victim_client.close()

@@ -35,7 +35,7 @@ def test_executor_interface_depends_on_nothing_in_the_package() -> None:
 
 
 def test_executors_never_import_the_triton_edge_or_the_poller() -> None:
-    above = ("trtllm_model.poller", "trtllm_model.model", "trtllm_model.triton_io", "trtllm_model.ensemble_model")
+    above = ("trtllm_model.poller", "trtllm_model.model", "trtllm_model.triton_io", "trtllm_model.bls_forwarding")
     for path in (PACKAGE / "executors").glob("*.py"):
         offending = {name for name in imported_modules(path) if name.startswith(above)}
         assert not offending, f"{path.name} imports {offending}"

@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_server
 from test_e2e_trtllm_fakes import FAKE_ENVIRONMENT, UNSET_LIMITS, repository_with_fake
-from triton_client import StreamClient, stream_once, tensor, text_inputs, token_inputs
+from triton_client import StreamClient, model_error, stream_once, tensor, text_inputs, token_inputs
 from trtllm_support import make_engine_dir
 
 from trtllm_model.server import DEFAULT_REPOSITORY
@@ -398,4 +398,4 @@ def test_lora_and_guided_decoding_reach_the_engine_executor(beam_server, model):
     assert result.errors == [] and result.finals == 1
     bad = stream_once(beam_server.grpc_url, model, inputs + [
         as_input("guided_decoding_guide_type", np.array([[b"xml"]], np.object_))])
-    assert bad.errors and bad.errors[0].startswith("INVALID_ARG") and "guided_decoding_guide_type" in bad.errors[0]
+    assert bad.errors and model_error(bad.errors[0]).startswith("INVALID_ARG") and "guided_decoding_guide_type" in bad.errors[0]

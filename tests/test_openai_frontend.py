@@ -100,7 +100,7 @@ def test_completion_prompt_forms():
 
 def test_frontend_and_model_stay_apart():
     frontend = PACKAGE / "openai_frontend"
-    edge = ("trtllm_model.model", "trtllm_model.triton_io", "trtllm_model.poller", "trtllm_model.ensemble_model")
+    edge = ("trtllm_model.model", "trtllm_model.triton_io", "trtllm_model.poller", "trtllm_model.bls_forwarding")
     for path in frontend.glob("*.py"):
         offending = {name for name in imported_modules(path) if name.startswith(edge)}
         assert not offending, f"{path.name} imports {offending}"

@@ -60,6 +60,15 @@ def text_inputs(text: str, max_tokens: int, stream: bool = True, **extra) -> lis
     return inputs
 
 
+_ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']+', ")
+
+
+def model_error(message: str) -> str:
+    """An error message as the model wrote it: a Triton ensemble puts "in ensemble '<name>', " before the message
+    of the step that failed (the Triton error code is kept)."""
+    return _ENSEMBLE_PREFIX.sub("", message, count=1)
+
+
 @dataclass
 class StreamResult:
     responses: list = field(default_factory=list)  # InferResult with outputs, in arrival order

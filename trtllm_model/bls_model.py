@@ -1,5 +1,5 @@
-"""NVIDIA's `tensorrt_llm_bls` model: the ensemble's text-level names, forwarded to `tensorrt_llm` exactly as
-`ensemble` forwards them (one hop; tokenization and incremental detokenization inside `tensorrt_llm`).
+"""NVIDIA's `tensorrt_llm_bls` model: the ensemble's text-level names, forwarded to `tensorrt_llm` through BLS
+(bls_forwarding; tokenization and incremental detokenization inside `tensorrt_llm`).
 
 Parameters (NVIDIA's): `tensorrt_llm_model_name` (default tensorrt_llm), `accumulate_tokens` (true: each streamed
 `text_output` holds the whole text so far, not the new part; as NVIDIA's, for one prompt and one sequence per
@@ -14,19 +14,19 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from . import ensemble_model
+from . import bls_forwarding
 from .params import ConfigError, Params, parameters_from_model_config
 
 PARAMETERS = ("accumulate_tokens", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name", "multimodal_encoders_name")
 
 
-class TritonPythonModel(ensemble_model.TritonPythonModel):
+class TritonPythonModel(bls_forwarding.ForwardingModel):
     def initialize(self, args: dict) -> None:
         params = Params(parameters_from_model_config(json.loads(args["model_config"])), accepted=PARAMETERS)
         for name in ("tensorrt_llm_draft_model_name", "multimodal_encoders_name"):
             if params.str(name):
                 raise ConfigError(f"parameter {name}={params.str(name)!r}: not served here; leave it empty")
-        self.target = params.str("tensorrt_llm_model_name", ensemble_model.TARGET_MODEL)
+        self.target = params.str("tensorrt_llm_model_name", bls_forwarding.TARGET_MODEL)
         self.accumulate_tokens = params.bool("accumulate_tokens", False)
         super().initialize(args)
 
@@ -35,7 +35,7 @@ class TritonPythonModel(ensemble_model.TritonPythonModel):
             return None
         returns = next((t.as_numpy() for t in inputs if t.name() == "num_return_sequences"), None)
         if sequences != 1 or (returns is not None and int(returns.max(initial=1)) > 1):
-            raise ensemble_model.Refused("accumulate_tokens: needs one prompt and one sequence per request")
+            raise bls_forwarding.Refused("accumulate_tokens: needs one prompt and one sequence per request")
         return []  # the text sent so far
 
     def _outgoing(self, tensors: list, state: list[str] | None) -> list:

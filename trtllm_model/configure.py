@@ -55,6 +55,7 @@ INT_KEYS = (
 BOOL_KEYS = ("enable_kv_cache_reuse", "enable_chunked_context", "kv_cache_onboard_blocks", "normalize_log_probs",
              "exclude_input_in_output", "decoupled_mode", "add_special_tokens", "skip_special_tokens",
              "accumulate_tokens")
+ENSEMBLE_PLATFORM = re.compile(r'^platform: "ensemble"', re.MULTILINE)
 DECOUPLED_LINE = re.compile(r"model_transaction_policy \{ decoupled: (true|false) \}")
 FRACTION_KEYS = ("kv_cache_free_gpu_mem_fraction", "gpu_weights_percent")
 INT_LIST_KEYS = ("max_attention_window_size", "participant_ids")
@@ -161,10 +162,12 @@ def with_decoupled(config_text: str, decoupled: bool) -> str:
 
 
 def set_decoupled(repository: Path, decoupled: bool) -> None:
-    """Set every model of a repository (tensorrt_llm and the ensemble forwarding to it) to one policy; in NVIDIA's
-    LLM API layout the policy is model.yaml's triton_config.decoupled."""
+    """Set every Python model of a repository to one policy; in NVIDIA's LLM API layout the policy is model.yaml's
+    triton_config.decoupled. A Triton ensemble has none: it passes on what its step sends."""
     for config in sorted(repository.glob("*/config.pbtxt")):
         model_yaml = config.parent / "1" / "model.yaml"
+        if ENSEMBLE_PLATFORM.search(config.read_text()):
+            continue
         if not DECOUPLED_LINE.search(config.read_text()) and model_yaml.is_file():
             model_yaml.write_text(yaml_with_decoupled(model_yaml.read_text(), decoupled))
             continue
@@ -199,13 +202,8 @@ def write_repository(output: Path, configs: dict[str, str], ensemble: Path | Non
         (output / model / "1").mkdir(parents=True)
         (output / model / "config.pbtxt").write_text(text)
         (output / model / "1" / "model.py").write_text(MODEL_PY if model == MODEL_NAME else model_py(model))
-    config_text = configs[MODEL_NAME]
-    if ensemble is not None:
+    if ensemble is not None:  # a Triton ensemble: it streams when tensorrt_llm does, whatever the policy
         shutil.copytree(ensemble, output / "ensemble", ignore=shutil.ignore_patterns("__pycache__"))
-        # The ensemble follows tensorrt_llm's policy (a streaming ensemble needs a decoupled tensorrt_llm).
-        decoupled = DECOUPLED_LINE.search(config_text).group(1) == "true"
-        ensemble_config = output / "ensemble" / "config.pbtxt"
-        ensemble_config.write_text(with_decoupled(ensemble_config.read_text(), decoupled))
 
 
 def tokenizerless_models(configs: dict[str, str], executor: str, values: dict[str, str]) -> tuple[str, ...]:

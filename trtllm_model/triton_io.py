@@ -14,8 +14,8 @@ from .request_context import ErrorCode
 from .server import READY_URL_ENV
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-# Request ids the `ensemble` model gives the requests it forwards here (see send_error).
-FORWARDED_ID_PREFIX = "ensemble-"
+# Request ids the `tensorrt_llm_bls` model gives the requests it forwards here (see send_error).
+FORWARDED_ID_PREFIX = "bls-forwarded-"
 
 
 def triton_error(code: ErrorCode, message: str):
@@ -78,7 +78,7 @@ class TritonStream:
     def send_error(self, code: ErrorCode, message: str) -> None:
         response = pb_utils.InferenceResponse(error=triton_error(code, message))
         if self._forwarded and self._started:
-            # A BLS caller (the `ensemble` model) never receives an error response that follows earlier responses
+            # A BLS caller (`tensorrt_llm_bls`) never receives an error response that follows earlier responses
             # (Triton 2.51's Python backend loses it, and the caller's iterator then waits forever, which holds
             # the server's stop until its exit timeout). A flag-only final arrives; the caller tells why.
             self._sender.send(flags=_FINAL)

@@ -1,8 +1,11 @@
-"""The `ensemble` model: NVIDIA's text-level names, answered by the one `tensorrt_llm` model through BLS.
+"""The BLS relay under `tensorrt_llm_bls`: NVIDIA's text-level names, answered by the `tensorrt_llm` model through
+BLS (one copy of the weights; tokenization and detokenization happen inside `tensorrt_llm`). A client's
+cancellation becomes a `stop` request for the forwarded request id.
 
-Clients written for NVIDIA's repository call `ensemble`; forwarding (instead of a second executor) keeps a single
-copy of the weights in memory. Tokenization and detokenization happen inside `tensorrt_llm`, so this is one
-pass-through hop per response. A client's cancellation becomes a `stop` request for the forwarded request id.
+`ensemble` is not served this way any more: it is a Triton ensemble (model_repository/ensemble/config.pbtxt), whose
+responses Triton's core passes on without a Python hop. Under load Triton 2.51's stub can deadlock in the BLS
+iterators this relay needs (docs/reliability.md, "`ensemble` under load"); `tensorrt_llm_bls` keeps that risk, as
+NVIDIA's own BLS model does.
 
 BLS responses arrive through a blocking iterator in this Triton release, so each forwarded request gets a thread
 (it sleeps in the IPC wait with the GIL released); one watch (watches.StreamWatch, as tensorrt_llm's) checks
@@ -15,7 +18,7 @@ forwarded id could stop that client's stream.
 Each finished BLS response iterator is kept for RELEASE_AFTER_S before this model lets it go (IteratorKeeper): in
 Triton 2.51 the stub frees an iterator, with every response it kept, on whichever thread drops it last, and when that
 is the stub's own C++ thread it frees their numpy arrays without the GIL, which corrupts the stub's heap (segfaults,
-"Stub process 'ensemble_0_0' is not healthy"; docs/performance.md).
+"Stub process '..._0_0' is not healthy"; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import triton_python_backend_utils as pb_utils
 from .triton_io import FORWARDED_ID_PREFIX, unload_check
 from .watches import StreamWatch
 
-log = logging.getLogger("trtllm_model.ensemble")
+log = logging.getLogger("trtllm_model.bls")
 
 TARGET_MODEL = "tensorrt_llm"
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -100,7 +103,7 @@ class IteratorKeeper:
         expired.clear()  # the last references, dropped here with the GIL and outside the lock
 
 
-class TritonPythonModel:
+class ForwardingModel:
     target = TARGET_MODEL  # the model requests are forwarded to (tensorrt_llm_bls: its tensorrt_llm_model_name)
 
     def initialize(self, args: dict) -> None:
@@ -115,7 +118,7 @@ class TritonPythonModel:
         self._target_unloading = unload_check(self.target)
         self._iterators = IteratorKeeper()
         self._watch = StreamWatch(
-            "ensemble-cancel",
+            "bls-cancel",
             CANCEL_CHECK_S,
             open_items=self._open_snapshot,
             is_cancelled=_client_cancelled,
