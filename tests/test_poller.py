@@ -336,3 +336,48 @@ def test_on_finished_runs_once_per_request_before_its_final_response_is_sent(pol
         time.sleep(0.01)
     assert seen == {1: [0], 2: [0], 3: [len(bug.responses) - 1]}
     assert ok.finals() == 1 and bug.finals() == 1 and bug.responses[-1][0] == "error"
+
+
+class SlowGuides(SyntheticExecutor):
+    """Guided requests take `compile_s` in enqueue, as the embedded engine's guide compilation can."""
+
+    def __init__(self, compile_s: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.compile_s = compile_s
+
+    def enqueue(self, request):
+        if request.guided_decoding_type is not None:
+            time.sleep(self.compile_s)
+        return super().enqueue(request)
+
+
+def guided_context(ids, max_tokens, stream):
+    ctx = context(ids, max_tokens, stream)
+    ctx.parsed.generation.guided_decoding_type, ctx.parsed.generation.guided_decoding_guide = "regex", "[a-z]+"
+    return ctx
+
+
+def test_a_guide_that_compiles_slowly_holds_neither_execute_nor_the_requests_behind_it():
+    p = Poller(SlowGuides(1.0, step_ms=1.0, max_batch_size=64))
+    p.start()
+    try:
+        guided, plain = ListStream(), ListStream()
+        started = time.monotonic()
+        p.submit(guided_context([7], 3, guided))
+        p.submit(context([1], 3, plain))
+        assert time.monotonic() - started < 0.5, "submit waited for the guide to compile"
+        assert plain.done.wait(0.5) and not guided.done.is_set(), "the plain request waited behind the guided one"
+        assert guided.done.wait(5) and guided.finals() == 1
+        assert guided.tokens() == [synthetic_token([7], k, 32000) for k in range(3)]
+    finally:
+        p.shutdown()
+
+
+def test_a_guided_request_still_compiling_at_shutdown_gets_one_final_unavailable():
+    p = Poller(SlowGuides(0.5, step_ms=1.0, max_batch_size=64))
+    p.start()
+    guided = ListStream()
+    p.submit(guided_context([7], 3, guided))
+    p.shutdown()
+    assert guided.done.wait(5) and guided.finals() == 1
+    assert guided.responses == [("error", ErrorCode.UNAVAILABLE, "model not ready: shutting down")]

@@ -54,7 +54,7 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         extra_env[EXECUTOR_OVERRIDE_ENV] = options.executor
     # tritonserver gets a process group of its own, so that a signal to this one (Ctrl-C in a terminal, `kill
     # -TERM -<pgid>`) reaches it only through stop_gracefully below: its Python backend stubs, in its group, never see
-    # it (one hit mid-stop ended the `ensemble` stub, which then never answered its streams). It goes with us.
+    # it (one hit mid-stop ended a BLS model's stub, which then never answered its streams). It goes with us.
     environment = server_environment(extra_env)
     environment.pop(ADMIN_KEY_ENV, None)  # the models never need it
     process = subprocess.Popen(server_command(options), env=environment, process_group=0,

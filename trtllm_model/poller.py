@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from .dispatch import Dispatcher
 from .executor_interface import Executor, ExecutorError, QueueFull, RequestRejected, Step
@@ -20,6 +21,10 @@ from .responses import ErrorReply, ResponseAssembler
 from .watches import StreamWatch
 
 log = logging.getLogger(__name__)
+
+# A guided request's enqueue waits for its guide to compile (the embedded engine: up to guide_compile_timeout_s), so
+# guided requests are enqueued from these threads, never from execute(): a slow guide delays only guided requests.
+ADMISSION_THREADS = 4
 
 
 class Poller:
@@ -49,6 +54,7 @@ class Poller:
         self._enqueuing = 0
         self._early: dict[int, list[Step]] = {}
         self._accepting = True
+        self._admission = ThreadPoolExecutor(ADMISSION_THREADS, thread_name_prefix="guided-admission")
         self.dispatcher = Dispatcher(
             executor,
             ResponseAssembler(detokenizer_factory),
@@ -95,8 +101,20 @@ class Poller:
             refusal = self._refusal()
             if refusal is None:
                 self._enqueuing += 1
+        if refusal is None and ctx.parsed.generation.guided_decoding_type is not None:
+            try:
+                self._admission.submit(self._admit, ctx)
+                return
+            except RuntimeError:  # shut down meanwhile: enqueued here, and refused as not accepting
+                pass
         if refusal is None:
             refusal = self._enqueue(ctx)
+        if refusal is not None:
+            self._refuse(ctx, *refusal)
+
+    def _admit(self, ctx: RequestContext) -> None:
+        """Enqueue a guided request on an admission thread; a refusal is answered on its stream from here."""
+        refusal = self._enqueue(ctx)
         if refusal is not None:
             self._refuse(ctx, *refusal)
 
@@ -173,6 +191,8 @@ class Poller:
             self._accepting = False
         self._fail_all(ErrorCode.UNAVAILABLE, reason)
         self.watch.stop()
+        # Not waited for: a guide still compiling ends in a refusal (no longer accepting) when its enqueue returns.
+        self._admission.shutdown(wait=False)
         try:
             self.executor.shutdown()
         except Exception:
