@@ -381,3 +381,21 @@ def test_a_guided_request_still_compiling_at_shutdown_gets_one_final_unavailable
     p.shutdown()
     assert guided.done.wait(5) and guided.finals() == 1
     assert guided.responses == [("error", ErrorCode.UNAVAILABLE, "model not ready: shutting down")]
+
+
+def test_guided_requests_waiting_for_admission_count_against_the_request_bound():
+    # A flood of slow guides cannot queue without end behind the admission threads: each waiting one holds a place.
+    p = Poller(SlowGuides(1.0, step_ms=1.0, max_batch_size=64), max_open_requests=2)
+    p.start()
+    try:
+        waiting = [ListStream(), ListStream()]
+        for i, stream in enumerate(waiting):
+            p.submit(guided_context([7 + i], 2, stream))
+        over = ListStream()
+        p.submit(guided_context([9], 2, over))
+        assert over.done.is_set(), "the request over the bound was not answered at once"
+        assert over.responses[0][:2] == ("error", ErrorCode.UNAVAILABLE) and "requests in flight" in over.responses[0][2]
+        for stream in waiting:
+            assert stream.done.wait(5) and stream.finals() == 1 and stream.responses[-1][0] != "error"
+    finally:
+        p.shutdown()

@@ -101,19 +101,19 @@ class Poller:
             refusal = self._refusal()
             if refusal is None:
                 self._enqueuing += 1
-        if refusal is None and ctx.parsed.generation.guided_decoding_type is not None:
+        if refusal is not None:
+            self._refuse(ctx, *refusal)
+            return
+        if ctx.parsed.generation.guided_decoding_type is not None:
             try:
                 self._admission.submit(self._admit, ctx)
                 return
-            except RuntimeError:  # shut down meanwhile: enqueued here, and refused as not accepting
+            except RuntimeError:  # shut down meanwhile: admitted here, and refused as not accepting
                 pass
-        if refusal is None:
-            refusal = self._enqueue(ctx)
-        if refusal is not None:
-            self._refuse(ctx, *refusal)
+        self._admit(ctx)
 
     def _admit(self, ctx: RequestContext) -> None:
-        """Enqueue a guided request on an admission thread; a refusal is answered on its stream from here."""
+        """Enqueue a request (a guided one on an admission thread); a refusal is answered on its stream."""
         refusal = self._enqueue(ctx)
         if refusal is not None:
             self._refuse(ctx, *refusal)
