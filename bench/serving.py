@@ -105,7 +105,10 @@ def start_profile(root: psutil.Process, label: str, seconds: float) -> subproces
         return None
     RESULTS.mkdir(parents=True, exist_ok=True)
     # --subprocesses: the embedded engine's worker process (engine_process=true) is a child of the stub.
-    command = [py_spy, "record", "--nonblocking", "--threads", "--subprocesses", "-r", "200", "-d", str(max(1, int(seconds))),
+    # PYSPY_NATIVE=1: native frames too (C extensions, the stub's IPC); py-spy then pauses the process to sample, so
+    # such a run profiles only and gives no figures.
+    sampling = ["--native", "-r", "50"] if os.environ.get("PYSPY_NATIVE") == "1" else ["--nonblocking", "-r", "200"]
+    command = [py_spy, "record", *sampling, "--threads", "--subprocesses", "-d", str(max(1, int(seconds))),
                "-f", "raw", "-o", str(RESULTS / f"profile-{label}.txt"), "-p", str(stubs[0].pid)]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
