@@ -5,10 +5,15 @@ max_tokens, so no request ends early), greedy, one run each:
   executor @ c   the prompts through TransformersExecutor with at most c requests in flight (a closed loop)
   sequential     model.generate on one prompt at a time
   static         one model.generate over all prompts, left-padded into one batch
-Each level runs max(level, --prompts) prompts, and the static batch is measured over those same prompts.
+  compiled       the same batch through transformers' static-cache `generate`, which compiles its forward
+                 automatically on CUDA (torch.compile, "reduce-overhead"); its first call (the compile) is a warm-up,
+                 timed and reported apart (default on CUDA; --compiled-static / --no-compiled-static)
+Each level runs max(level, --prompts) prompts, and the static batches are measured over those same prompts.
+--repeat N measures every row N times (the executor's levels and the baselines alternate run by run) and reports the
+median with the spread (max - min) / median.
 Tokens/s counts generated tokens only. Run: `.venv/bin/python bench/engine.py` (about 10 minutes on 2 CPU cores);
 shorter: `--max-tokens 16 --prompts 8 --levels 1,8`. On a GPU (bench/gpu/run_on_gpu.sh engine ...):
-`--device cuda --levels 1,32,128,256 --prompts 8 --sequential-prompts 8`.
+`--device cuda --levels 1,32,128,256 --prompts 8 --sequential-prompts 8 --repeat 3`.
 """
 
 from __future__ import annotations
@@ -97,7 +102,8 @@ def run_sequential(model, prompts: list[list[int]], max_tokens: int, pad_id: int
     return tokens, time.monotonic() - begin
 
 
-def run_static(model, prompts: list[list[int]], max_tokens: int, pad_id: int) -> tuple[int, float]:
+def run_static(model, prompts: list[list[int]], max_tokens: int, pad_id: int, compiled: bool = False
+               ) -> tuple[int, float]:
     width = max(len(prompt) for prompt in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -105,6 +111,8 @@ def run_static(model, prompts: list[list[int]], max_tokens: int, pad_id: int) ->
         ids[row, width - len(prompt) :] = torch.tensor(prompt)
         mask[row, width - len(prompt) :] = 1
     ids, mask = ids.to(model.device), mask.to(model.device)
+    # A static cache as long as this batch needs: generate compiles its decode forward for that shape on CUDA.
+    cache = {"cache_implementation": "static", "max_cache_len": width + max_tokens} if compiled else {}
     begin = time.monotonic()
     out = model.generate(
         ids,
@@ -113,6 +121,7 @@ def run_static(model, prompts: list[list[int]], max_tokens: int, pad_id: int) ->
         min_new_tokens=max_tokens,
         do_sample=False,
         pad_token_id=pad_id,
+        **cache,
     )
     _synchronize(model)
     return (out.shape[1] - width) * len(prompts), time.monotonic() - begin
@@ -141,7 +150,11 @@ def main() -> None:
                         help="decode steps as eager forwards, no CUDA graphs (config cuda_graphs=false)")
     parser.add_argument("--engine-process", action="store_true",
                         help="the executor's engine in a worker process of its own (config engine_process=true)")
+    parser.add_argument("--repeat", type=int, default=1, help="measurements of each row; median and spread reported")
+    parser.add_argument("--compiled-static", action=argparse.BooleanOptionalAction, default=None,
+                        help="also transformers' compiled static-cache generate (default: on CUDA only)")
     args = parser.parse_args()
+    compiled_static = args.compiled_static if args.compiled_static is not None else args.device.startswith("cuda")
     torch.set_num_threads(args.threads)
     levels = [int(level) for level in args.levels.split(",") if level]
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
@@ -157,7 +170,7 @@ def main() -> None:
         flush=True,
     )
 
-    rows = []  # dicts: method, in_flight, prompts, tokens, seconds, ttft_p50_s
+    runs: dict[str, list[tuple]] = {}  # method -> (in flight, prompts, tokens, seconds, TTFT p50 or None) per run
     with torch.inference_mode():
         warm = torch.tensor([all_prompts[0]], device=model.device)
         model.generate(warm, max_new_tokens=2, do_sample=False, pad_token_id=pad_id)
@@ -171,41 +184,55 @@ def main() -> None:
             engine_model = load_model(device=args.device, dtype=dtype).model
             executor = TransformersExecutor(engine_model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192,
                                             cuda_graphs=not args.eager)
+        counts = sorted({max(level, args.prompts) for level in levels})
         try:
             run_executor(executor, all_prompts[: max(levels)], 4, max(levels))  # warm-up (allocations, graphs)
-            for level in levels:
-                prompts = all_prompts[: max(level, args.prompts)]
-                tokens, seconds, ttfts = run_executor(executor, prompts, args.max_tokens, level)
-                rows.append(_row(f"executor @ {level}", level, len(prompts), tokens, seconds, statistics.median(ttfts)))
+            for _ in range(args.repeat):
+                for level in levels:
+                    prompts = all_prompts[: max(level, args.prompts)]
+                    tokens, seconds, ttfts = run_executor(executor, prompts, args.max_tokens, level)
+                    _record(runs, f"executor @ {level}", level, len(prompts), tokens, seconds, statistics.median(ttfts))
         finally:
-            executor.shutdown()
-        if not args.skip_sequential:
-            prompts = all_prompts[: args.sequential_prompts or args.prompts]
-            tokens, seconds = run_sequential(model, prompts, args.max_tokens, pad_id)
-            rows.append(_row("generate, sequential", 1, len(prompts), tokens, seconds, None))
-        for count in sorted({max(level, args.prompts) for level in levels}):
-            tokens, seconds = run_static(model, all_prompts[:count], args.max_tokens, pad_id)
-            rows.append(_row(f"generate, static batch of {count}", count, count, tokens, seconds, None))
+            executor.shutdown()  # its KV pool is most of the free GPU memory: gone before the baselines run
+        compile_s = {}
+        if compiled_static:  # the compile, once per batch shape, before anything is measured
+            for count in counts:
+                _, compile_s[count] = run_static(model, all_prompts[:count], args.max_tokens, pad_id, compiled=True)
+                print(f"  compiled static generate, batch of {count}: first call (compile) {compile_s[count]:.1f} s",
+                      flush=True)
+        for _ in range(args.repeat):
+            if not args.skip_sequential:
+                prompts = all_prompts[: args.sequential_prompts or args.prompts]
+                tokens, seconds = run_sequential(model, prompts, args.max_tokens, pad_id)
+                _record(runs, "generate, sequential", 1, len(prompts), tokens, seconds, None)
+            for count in counts:
+                tokens, seconds = run_static(model, all_prompts[:count], args.max_tokens, pad_id)
+                _record(runs, f"generate, static batch of {count}", count, count, tokens, seconds, None)
+                if compiled_static:
+                    tokens, seconds = run_static(model, all_prompts[:count], args.max_tokens, pad_id, compiled=True)
+                    _record(runs, f"generate, compiled static batch of {count}", count, count, tokens, seconds, None)
+    rows = [_row(method, measured) for method, measured in runs.items()]
 
     rate = {row["method"]: row["tokens_per_s"] for row in rows}
     sequential = rate.get("generate, sequential")
     print()
     print(
-        f"| {'method':<30} | {'in flight':>9} | {'prompts':>7} | {'tokens':>6} | {'wall s':>7} | {'tok/s':>8} | "
-        f"{'TTFT p50 s':>10} | {'vs sequential':>13} | {'vs static, same prompts':>23} |"
+        f"| {'method':<38} | {'in flight':>9} | {'prompts':>7} | {'runs':>4} | {'tok/s (median)':>14} | "
+        f"{'spread':>6} | {'TTFT p50 s':>10} | {'vs sequential':>13} | {'vs static':>9} | {'vs compiled static':>18} |"
     )
-    print(f"|{'-' * 32}|{'-' * 11}|{'-' * 9}|{'-' * 8}|{'-' * 9}|{'-' * 10}|{'-' * 12}|{'-' * 15}|{'-' * 25}|")
+    print(f"|{'-' * 40}|{'-' * 11}|{'-' * 9}|{'-' * 6}|{'-' * 16}|{'-' * 8}|{'-' * 12}|{'-' * 15}|{'-' * 11}|{'-' * 20}|")
     for row in rows:
         static = rate.get(f"generate, static batch of {row['prompts']}")
+        compiled = rate.get(f"generate, compiled static batch of {row['prompts']}")
         row["vs_sequential"] = row["tokens_per_s"] / sequential if sequential else None
         row["vs_static_same_prompts"] = row["tokens_per_s"] / static if static else None
+        row["vs_compiled_static_same_prompts"] = row["tokens_per_s"] / compiled if compiled else None
+        row["compile_s"] = compile_s.get(row["prompts"]) if "compiled" in row["method"] else None
         ttft = f"{row['ttft_p50_s']:.3f}" if row["ttft_p50_s"] is not None else "-"
-        versus_sequential = f"{row['vs_sequential']:.2f}x" if sequential else "-"
-        versus_static = f"{row['vs_static_same_prompts']:.2f}x" if static else "-"
         print(
-            f"| {row['method']:<30} | {row['in_flight']:>9} | {row['prompts']:>7} | {row['tokens']:>6} | "
-            f"{row['seconds']:>7.2f} | {row['tokens_per_s']:>8.1f} | {ttft:>10} | {versus_sequential:>13} | "
-            f"{versus_static:>23} |"
+            f"| {row['method']:<38} | {row['in_flight']:>9} | {row['prompts']:>7} | {row['runs']:>4} | "
+            f"{row['tokens_per_s']:>14.1f} | {row['spread']:>6.1%} | {ttft:>10} | {_ratio(row['vs_sequential']):>13} | "
+            f"{_ratio(row['vs_static_same_prompts']):>9} | {_ratio(row['vs_compiled_static_same_prompts']):>18} |"
         )
     if args.results_dir:
         path = Path(args.results_dir) / time.strftime("engine-%Y%m%d-%H%M%S.json", time.gmtime())
@@ -216,10 +243,25 @@ def main() -> None:
         print(f"results: {path}")
 
 
-def _row(method: str, in_flight: int, prompts: int, tokens: int, seconds: float, ttft: float | None) -> dict:
+def _record(runs: dict[str, list[tuple]], method: str, in_flight: int, prompts: int, tokens: int, seconds: float,
+            ttft: float | None) -> None:
     print(f"  done: {method} ({prompts} prompts): {tokens / seconds:.1f} tok/s", flush=True)
-    return {"method": method, "in_flight": in_flight, "prompts": prompts, "tokens": tokens, "seconds": seconds,
-            "tokens_per_s": tokens / seconds, "ttft_p50_s": ttft}
+    runs.setdefault(method, []).append((in_flight, prompts, tokens, seconds, ttft))
+
+
+def _row(method: str, measured: list[tuple]) -> dict:
+    """One table row: the median of the runs' tokens/s, their spread (max - min) / median, and each run's figure."""
+    in_flight, prompts = measured[0][:2]
+    rates = [tokens / seconds for _, _, tokens, seconds, _ in measured]
+    median = statistics.median(rates)
+    ttfts = [ttft for *_, ttft in measured if ttft is not None]
+    return {"method": method, "in_flight": in_flight, "prompts": prompts, "runs": len(measured),
+            "tokens_per_s": median, "spread": (max(rates) - min(rates)) / median, "tokens_per_s_runs": rates,
+            "ttft_p50_s": statistics.median(ttfts) if ttfts else None}
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else "-"
 
 
 if __name__ == "__main__":
