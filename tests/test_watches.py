@@ -112,3 +112,20 @@ def test_an_unload_is_reported_and_nothing_is_asked_after_it():
         assert not asked
     finally:
         watch.stop()
+
+
+def test_questions_beyond_the_budget_are_asked_in_turn_so_every_item_is_reached():
+    """At most max_questions_per_s * period_s questions a round (each is an IPC round trip on the channel the sends
+    need); the rounds take the items in turn, so each is asked within items / questions_per_round rounds."""
+    items = [f"item-{i}" for i in range(10)]
+    asked: list[list[str]] = []
+    watch = StreamWatch("test-watch", 0.01, open_items=lambda: list(items), is_cancelled=lambda item: False,
+                        on_cancelled=lambda item: None, max_questions_per_s=300)  # 3 a round
+    assert watch.questions_per_round == 3
+    for _ in range(4):
+        asked.append(watch._this_rounds(items))
+    assert all(len(round_) == 3 for round_ in asked)
+    assert {item for round_ in asked for item in round_} == set(items)  # 4 rounds of 3 reach all 10
+    assert asked[0] == ["item-0", "item-1", "item-2"] and asked[1] == ["item-3", "item-4", "item-5"]
+    few = items[:2]
+    assert watch._this_rounds(few) == few  # under the budget: everyone, every round

@@ -18,6 +18,13 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 1.0
 
+# Cancellation questions asked per second at most, over all open items. Each is an IPC round trip on the stub's one
+# channel to the server, the channel every response `send` needs too: on the H200 at 256 streams a question per
+# stream every 100 ms (2,560 a second) left the sends about 770 a second. Up to `MAX_QUESTIONS_PER_S * period_s`
+# open items each are still asked every period; beyond that they are asked in turn, oldest first, so one item's
+# wait between questions grows to items / MAX_QUESTIONS_PER_S (0.5 s at 256 streams).
+MAX_QUESTIONS_PER_S = 500
+
 Item = TypeVar("Item")
 
 
@@ -57,8 +64,8 @@ class UnloadProbe:
 
 class StreamWatch(Generic[Item]):
     """One thread that, every `period_s` while anything is open, first asks whether the model is being unloaded
-    (then `on_unload()` once, and nothing more is asked), else asks each open item whether its client cancelled
-    (then `on_cancelled(item)`).
+    (then `on_unload()` once, and nothing more is asked), else asks open items whether their client cancelled
+    (then `on_cancelled(item)`): all of them while they fit `max_questions_per_s`, else the next ones in turn.
 
     `open_items()` returns a snapshot (taken under the caller's own lock, released before any question);
     `is_cancelled(item)` returns None when the item ended meanwhile (it must not be asked about then: tritonserver
@@ -73,8 +80,11 @@ class StreamWatch(Generic[Item]):
         on_cancelled: Callable[[Item], None],
         unloading: Callable[[], bool] | None = None,
         on_unload: Callable[[], None] | None = None,
+        max_questions_per_s: float = MAX_QUESTIONS_PER_S,
     ) -> None:
         self.period_s = period_s
+        self.questions_per_round = max(1, int(max_questions_per_s * period_s))
+        self._next = 0  # where the next round's questions start in the open items (oldest first)
         self._open_items = open_items
         self._is_cancelled = is_cancelled
         self._on_cancelled = on_cancelled
@@ -116,7 +126,7 @@ class StreamWatch(Generic[Item]):
                 return
             if self._check_unloading():
                 continue
-            for item in items:
+            for item in self._this_rounds(items):
                 try:
                     cancelled = self._is_cancelled(item)
                 except Exception:
@@ -124,6 +134,15 @@ class StreamWatch(Generic[Item]):
                     continue
                 if cancelled:
                     self._on_cancelled(item)
+
+    def _this_rounds(self, items: list[Item]) -> list[Item]:
+        """The items to ask this round: all, or the next `questions_per_round` of them after the last round's."""
+        if len(items) <= self.questions_per_round:
+            return items
+        start = self._next % len(items)
+        chosen = (items[start:] + items[:start])[: self.questions_per_round]
+        self._next = start + self.questions_per_round
+        return chosen
 
     def _check_unloading(self) -> bool:
         # Readiness before cancellations: once the model is being unloaded, asking Triton about a request can hang
