@@ -23,12 +23,14 @@ from pathlib import Path
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from conftest import Server, start_server
 from triton_client import stream_once, token_inputs
 from tritonclient.utils import InferenceServerException
 
 from trtllm_model.executors.synthetic import synthetic_token
-from trtllm_model.server import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_ADMIN_PREFIX, admin_headers
+from trtllm_model.server import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_ADMIN_PREFIX, RESTRICTED_PROTOCOLS, admin_headers
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +79,8 @@ def generated_key(server: Server) -> str:
     tritonserver = next(p for p in psutil.Process(server.process.pid).children() if "tritonserver" in p.name())
     flags = [arg for arg in tritonserver.cmdline() if arg.startswith("--http-restricted-api=")]
     assert len(flags) == 1, tritonserver.cmdline()
-    match = re.fullmatch(rf"--http-restricted-api=model-repository:{ADMIN_HEADER}=(\S+)", flags[0])
+    protocols = ",".join(RESTRICTED_PROTOCOLS)
+    match = re.fullmatch(rf"--http-restricted-api={protocols}:{ADMIN_HEADER}=(\S+)", flags[0])
     assert match, flags[0]
     return match.group(1)
 
@@ -127,6 +130,52 @@ def test_health_metadata_statistics_and_inference_stay_open(server):
     for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/tensorrt_llm/ready", "/v2",
                  "/v2/models/tensorrt_llm", "/v2/models/tensorrt_llm/config", "/v2/models/tensorrt_llm/stats"):
         assert http_status(f"{server.http_url}{path}") == 200, path
+    still_served(server)
+
+
+def client_for(server: Server, protocol: str):
+    return (grpcclient.InferenceServerClient(server.grpc_url) if protocol == "grpc"
+            else httpclient.InferenceServerClient(server.http_url.removeprefix("http://")))
+
+
+def change_server_settings(client, headers: dict[str, str] | None, region: str) -> list[str]:
+    """Try each restricted change a client could make to the whole server; the ones refused, by protocol name."""
+    attempts = {
+        "logging": lambda: client.update_log_settings({"log_verbose_level": 0}, headers=headers),
+        "trace": lambda: client.update_trace_settings(settings={"trace_rate": "1000"}, headers=headers),
+        "shared-memory": lambda: client.register_system_shared_memory(region, f"/{region}", 64, headers=headers),
+    }
+    refused = []
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+        except InferenceServerException as error:
+            assert "restricted" in str(error), (name, error)
+            refused.append(name)
+    return refused
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_log_trace_and_shared_memory_settings_need_the_key(server, protocol):
+    """Without the key a client could raise the log verbosity (every request's tensors into the log), start traces
+    into files, or have the server map shared-memory regions: refused, over both protocols; the key opens them."""
+    region = f"sec{protocol}{os.getpid()}"
+    handle = shm.create_shared_memory_region(region, f"/{region}", 64)
+    client = client_for(server, protocol)
+    try:
+        for headers in (None, admin_headers("not-the-key-0123456789")):
+            assert change_server_settings(client, headers, region) == ["logging", "trace", "shared-memory"]
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.get_log_settings()
+        key_headers = admin_headers(generated_key(server))
+        assert change_server_settings(client, key_headers, region) == []
+        regions = client.get_system_shared_memory_status(headers=key_headers)
+        assert region in str(regions)
+        client.unregister_system_shared_memory(region, headers=key_headers)
+        assert client.get_log_settings(headers=key_headers)
+    finally:
+        client.close()
+        shm.destroy_shared_memory_region(handle)
     still_served(server)
 
 

@@ -27,7 +27,14 @@ from test_launch_trtllm import SCRIPT as LAUNCH_SCRIPT
 from test_launch_trtllm import launch, make_stand_ins
 
 from trtllm_model import cli
-from trtllm_model.server import ADMIN_HEADER, ADMIN_KEY_ENV, EXIT_TIMEOUT_S, ServerOptions, server_command
+from trtllm_model.server import (
+    ADMIN_HEADER,
+    ADMIN_KEY_ENV,
+    EXIT_TIMEOUT_S,
+    RESTRICTED_PROTOCOLS,
+    ServerOptions,
+    server_command,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBERNETES_DIR = ROOT / "deploy" / "kubernetes"
@@ -275,8 +282,9 @@ def test_tritonserver_runs_with_the_model_repository_api_restricted_to_the_secre
     assert {k: admin_key_ref(container)[k] for k in ("name", "key")} == ADMIN_SECRET
     assert "--" not in container.get("args", [])  # no tritonserver flags of its own that could undo it
     line = tritonserver_command_line(container, tmp_path, monkeypatch)
-    assert f"--http-restricted-api=model-repository:{ADMIN_HEADER}={SECRET_KEY}" in line, line
-    assert f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={SECRET_KEY}" in line, line
+    protocols = ",".join(RESTRICTED_PROTOCOLS)
+    assert f"--http-restricted-api={protocols}:{ADMIN_HEADER}={SECRET_KEY}" in line, line
+    assert f"--grpc-restricted-protocol={protocols}:{ADMIN_HEADER}={SECRET_KEY}" in line, line
 
 
 def test_an_openai_container_beside_tritonserver_reads_the_same_key_which_must_exist():

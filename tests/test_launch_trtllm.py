@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_model.server import ADMIN_HEADER
+from trtllm_model.server import ADMIN_HEADER, RESTRICTED_PROTOCOLS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "deploy" / "launch_trtllm.sh"
@@ -97,8 +97,9 @@ def test_exit_timeout_multinode_hosts_and_configure_only(tmp_path, stand_ins):
 
 def restriction_keys(command: str) -> set[str]:
     """The admin keys in a command line's --http-restricted-api and --grpc-restricted-protocol flags (asserted there)."""
-    http = re.findall(rf"--http-restricted-api=model-repository:{ADMIN_HEADER}=(\S+)", command)
-    grpc = re.findall(rf"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}=(\S+)", command)
+    protocols = ",".join(RESTRICTED_PROTOCOLS)
+    http = re.findall(rf"--http-restricted-api={protocols}:{ADMIN_HEADER}=(\S+)", command)
+    grpc = re.findall(rf"--grpc-restricted-protocol={protocols}:{ADMIN_HEADER}=(\S+)", command)
     assert len(http) == 1 and http == grpc, command
     return set(http)
 

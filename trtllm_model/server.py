@@ -26,9 +26,12 @@ READY_URL_ENV = "TRTLLM_TRITON_HTTP_URL"
 # How long tritonserver waits for its models to unload on a stop before it exits anyway. Every open stream ends
 # within about a second of a stop (see docs/reliability.md); set Kubernetes' terminationGracePeriodSeconds above it.
 EXIT_TIMEOUT_S = 15
-# Triton's model-repository API (index, load, unload) runs whatever a load request uploads: `serve` answers it only
-# to requests that carry this header with the admin key (docs/security.md). The operator's key comes from
-# ADMIN_KEY_ENV; without one, each start generates its own, known only to `serve` and the OpenAI frontend it starts.
+# Triton's model-repository API (index, load, unload) runs whatever a load request uploads; its logging, trace and
+# shared-memory APIs change what the whole server does (log verbosity, trace files and rates, memory regions it
+# maps). `serve` answers them only to requests that carry this header with the admin key (docs/security.md). The
+# operator's key comes from ADMIN_KEY_ENV; without one, each start generates its own, known only to `serve` and the
+# OpenAI frontend it starts. Health, metadata, model-config, statistics and inference stay open.
+RESTRICTED_PROTOCOLS = ("model-repository", "logging", "trace", "shared-memory")
 ADMIN_KEY_ENV = "TRTLLM_TRITON_ADMIN_KEY"
 ADMIN_HEADER = "trtllm-admin-key"
 GRPC_ADMIN_PREFIX = "triton-grpc-protocol-"  # tritonserver 2.51 reads gRPC metadata keys with this prefix
@@ -106,10 +109,11 @@ def admin_headers(key: str) -> dict[str, str]:
 
 
 def restricted_api_args(key: str) -> list[str]:
-    """tritonserver flags that close the model-repository API, over HTTP and gRPC, to requests without the key."""
+    """tritonserver flags that close RESTRICTED_PROTOCOLS, over HTTP and gRPC, to requests without the key."""
+    protocols = ",".join(RESTRICTED_PROTOCOLS)
     return [
-        f"--http-restricted-api=model-repository:{ADMIN_HEADER}={key}",
-        f"--grpc-restricted-protocol=model-repository:{ADMIN_HEADER}={key}",
+        f"--http-restricted-api={protocols}:{ADMIN_HEADER}={key}",
+        f"--grpc-restricted-protocol={protocols}:{ADMIN_HEADER}={key}",
     ]
 
 
