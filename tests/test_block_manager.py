@@ -67,11 +67,63 @@ def test_blocks_are_findable_only_once_registered_and_reuse_can_be_off():
     assert (table.reused_blocks, table.missed_blocks) == (0, 0) and off.total_reused == 0
 
 
-def test_a_hash_collision_is_not_a_match(monkeypatch):
-    monkeypatch.setattr(block_manager_module, "chain_hash", lambda prefix, tokens: 7)
+def admitted_salted(manager: BlockManager, tokens: list[int], salt: str | None) -> BlockTable:
+    table = manager.allocate(tokens, len(tokens), len(tokens), salt=salt)
+    assert table is not None
+    manager.register_full_blocks(table, tokens, len(tokens))
+    return table
+
+
+def test_a_digest_collision_is_not_a_match(monkeypatch):
+    """Every key the same: a lookup finds a block, but its tokens differ, so nothing is handed over."""
+    monkeypatch.setattr(block_manager_module, "block_key", lambda parent, tokens, salt: b"7")
     manager = BlockManager(num_blocks=10, block_size=BLOCK)
     admitted(manager, [1, 2, 3, 4, 5])
     assert admitted(manager, [9, 9, 9, 9, 5]).reused_blocks == 0
+    assert admitted(manager, [1, 2, 3, 4, 6]).reused_blocks == 1  # the one real match still is one
+
+
+def test_a_block_matches_only_as_the_child_of_the_block_matched_before_it(monkeypatch):
+    """A digest blind to the parent (the worst collision: same tokens after another prefix): the block after [5...]
+    was computed after [1...], so a prompt [7...] + the same tokens must not get it."""
+    monkeypatch.setattr(block_manager_module, "block_key", lambda parent, tokens, salt: bytes(tokens))
+    manager = BlockManager(num_blocks=10, block_size=BLOCK)
+    first = admitted(manager, [1, 1, 1, 1, 5, 5, 5, 5, 0])
+    admitted(manager, [7, 7, 7, 7, 0])
+    other = admitted(manager, [7, 7, 7, 7, 5, 5, 5, 5, 0])
+    assert other.reused_blocks == 1 and other.block_ids[1] != first.block_ids[1]
+    # The same after the parent block was evicted and handed out again (the parent's id alone is not enough).
+    manager = BlockManager(num_blocks=3, block_size=BLOCK)
+    manager.free(admitted(manager, [1, 1, 1, 1, 5, 5, 5, 5, 0]))
+    manager._cached_free.move_to_end(manager._by_key[bytes([5, 5, 5, 5])])  # the parent is evicted first
+    manager.free(admitted(manager, [7, 7, 7, 7, 9]))  # takes the blank block, then the old parent's
+    assert admitted(manager, [7, 7, 7, 7, 5, 5, 5, 5, 0]).reused_blocks == 1
+
+
+def test_blocks_are_shared_only_under_the_same_cache_salt():
+    manager = BlockManager(num_blocks=20, block_size=BLOCK)
+    prompt = list(range(9))
+    admitted_salted(manager, prompt, "alice")
+    assert admitted_salted(manager, prompt, "bob").reused_blocks == 0
+    assert admitted_salted(manager, prompt, None).reused_blocks == 0
+    assert admitted_salted(manager, prompt, "alice").reused_blocks == 2
+    assert admitted_salted(manager, prompt, None).reused_blocks == 2  # the unsalted share among themselves
+
+
+def test_a_digest_blind_to_the_salt_still_keeps_salts_apart(monkeypatch):
+    real = block_manager_module.block_key
+    monkeypatch.setattr(block_manager_module, "block_key", lambda parent, tokens, salt: real(parent, tokens, None))
+    manager = BlockManager(num_blocks=20, block_size=BLOCK)
+    admitted_salted(manager, list(range(9)), "alice")
+    assert admitted_salted(manager, list(range(9)), "bob").reused_blocks == 0
+
+
+def test_block_keys_are_digests_of_parent_tokens_and_salt():
+    key = block_manager_module.block_key
+    first = key(None, (1, 2, 3, 4), None)
+    assert len(first) == 16 and first == key(None, (1, 2, 3, 4), None)
+    assert len({first, key(None, (1, 2, 3, 5), None), key(None, (1, 2, 3, 4), "a"), key(first, (1, 2, 3, 4), None),
+                key(None, (1, 2, 3, 4), "b")}) == 5
 
 
 def test_admission_reserves_the_whole_life_and_decoding_draws_from_it():
@@ -115,7 +167,7 @@ def test_a_held_block_is_never_evicted():
 @given(st.lists(st.tuples(st.sampled_from(["add", "grow", "free"]), st.integers(0, 7), st.integers(1, 14)),
                 max_size=60))
 def test_counts_stay_consistent_under_any_sequence_of_operations(operations):
-    """Reference counts equal the tables holding a block; free + held + reserved = the pool; a cached hash points at
+    """Reference counts equal the tables holding a block; free + held + reserved = the pool; a cached key points at
     a block with exactly its tokens; no block is in two free lists or held and free at once."""
     manager = BlockManager(num_blocks=12, block_size=BLOCK)
     tables: list[tuple[BlockTable, list[int], int]] = []  # table, its tokens, its lifetime
@@ -147,5 +199,5 @@ def test_counts_stay_consistent_under_any_sequence_of_operations(operations):
         reserved = sum(table.reserved for table, _, _ in tables)
         assert len(free_ids) + len(holders) == manager.num_blocks and manager.free_blocks == len(free_ids) - reserved
         assert manager.free_blocks >= 0
-        for block_hash, block_id in manager._by_hash.items():
-            assert manager.blocks[block_id].hash == block_hash and len(manager.blocks[block_id].token_ids) == BLOCK
+        for key, block_id in manager._by_key.items():
+            assert manager.blocks[block_id].key == key and len(manager.blocks[block_id].token_ids) == BLOCK

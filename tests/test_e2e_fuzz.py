@@ -15,6 +15,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as grpcclient
 from conftest import start_server
 from hypothesis import HealthCheck, Phase, given, settings
@@ -228,6 +229,60 @@ def text_requests(draw) -> dict[str, np.ndarray]:
     return arrays
 
 
+# Guided requests with everything else that shapes which token may come next: bans (bad words), embedding bias,
+# stop words and min_tokens, over guides whose first tokens are few. The bans and biases draw on the tokens the
+# guide allows first (some of them, or all: the edge where nothing is left).
+GUIDES = [("regex", "[0-9]"), ("regex", "(yes|no)"), ("ebnf_grammar", 'root ::= ("a" | "b") " " [0-9]{1,3}')]
+_ALLOWED: dict[tuple[str, str], list[int]] = {}
+
+
+def guide_first_tokens(guide: tuple[str, str]) -> list[int]:
+    """The tokens `guide` allows first (computed once per guide, with the server's tokenizer)."""
+    if guide not in _ALLOWED:
+        from trtllm_model.embedded.guided import GuideCompiler, mask_guided_logits
+        from trtllm_model.embedded.model_loading import load_tokenizer
+
+        tokenizer = load_tokenizer()
+        compiler = GuideCompiler(tokenizer, VOCAB, [tokenizer.eos_token_id])
+        logits = torch.zeros(1, VOCAB)
+        mask_guided_logits(logits, [compiler.matcher(compiler.compile(*guide), None)])
+        _ALLOWED[guide] = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    return _ALLOWED[guide]
+
+
+def _guided_tokens(draw, allowed: list[int]) -> list[int]:
+    how = draw(st.sampled_from(["all", "some", "other"]))
+    if how == "all":
+        return allowed
+    if how == "some":
+        return draw(st.lists(st.sampled_from(allowed), min_size=1, max_size=len(allowed), unique=True))
+    return draw(st.lists(GOOD_TOKEN, min_size=1, max_size=3))
+
+
+@st.composite
+def guided_requests(draw) -> dict[str, np.ndarray]:
+    guide = draw(st.sampled_from(GUIDES))
+    allowed = guide_first_tokens(guide)
+    arrays = {"input_ids": np.array([draw(st.lists(GOOD_TOKEN, min_size=1, max_size=8))], np.int32),
+              "request_output_len": _scalar(draw(st.integers(1, 4))),
+              "guided_decoding_guide_type": np.array([[guide[0].encode()]], np.object_),
+              "guided_decoding_guide": np.array([[guide[1].encode()]], np.object_)}
+    if draw(st.booleans()):
+        arrays["bad_words_list"] = words_to_offsets([[token] for token in _guided_tokens(draw, allowed)])
+    if draw(st.booleans()):
+        bias = np.zeros((1, VOCAB), np.float32)
+        bias[0, _guided_tokens(draw, allowed)] = draw(st.sampled_from([-np.inf, -5.0, 5.0]))
+        arrays["embedding_bias"] = bias
+    if draw(st.booleans()):
+        arrays["stop_words_list"] = words_to_offsets([[token] for token in _guided_tokens(draw, allowed)])
+    if draw(st.booleans()):
+        arrays["min_tokens"] = _scalar(draw(st.integers(0, 4)))
+    for name in ("streaming", "return_log_probs"):
+        if draw(st.booleans()):
+            arrays[name] = _scalar(draw(st.booleans()), np.bool_)
+    return arrays
+
+
 # -- tests --------------------------------------------------------------------------------------------------------------
 def test_an_end_id_outside_the_vocabulary_is_invalid_arg_and_the_model_keeps_serving(server):
     """Issue 21's request: it answered UNAVAILABLE (IndexError in the engine) and the model unloaded itself."""
@@ -239,9 +294,47 @@ def test_an_end_id_outside_the_vocabulary_is_invalid_arg_and_the_model_keeps_ser
     assert status == 200 and len(json.loads(body)["output_ids"]) == 2, body
 
 
+DIGIT_GUIDE = {"guided_decoding_guide_type": ([[b"regex"]], np.object_),
+               "guided_decoding_guide": ([[b"[0-9]"]], np.object_)}
+
+
+def test_twelve_guided_requests_that_ban_every_allowed_token_are_invalid_arg_and_the_model_keeps_serving(server):
+    """Issue 31: the sampler answered token 0, the grammar refused it, and eight such failures in a row stopped the
+    engine for everyone. Each now ends with its own INVALID_ARG; the model stays ready and answers."""
+    digit_tokens = guide_first_tokens(("regex", "[0-9]"))
+    bias = np.zeros((1, VOCAB), np.float32)
+    bias[0, digit_tokens] = -np.inf
+    bans = {"bad_words_list": (words_to_offsets([[token] for token in digit_tokens]), np.int32)}
+    client = StreamClient(server.grpc_url)
+    try:
+        for i in range(12):
+            ban = bans if i % 2 == 0 else {"embedding_bias": (bias, np.float32)}
+            result = client.send("tensorrt_llm", token_inputs([1, 504 + i], 4, **DIGIT_GUIDE, **ban), f"ban{i}")
+            result.wait(REQUEST_TIMEOUT_S)
+            assert result.finals == 1 and result.tokens() == [], (i, result.errors)
+            assert len(result.errors) == 1 and result.errors[0].startswith("INVALID_ARG"), result.errors
+            assert "no token is allowed" in result.errors[0]
+        answer = client.send("tensorrt_llm", token_inputs([1, 504], 3, **DIGIT_GUIDE), "digit").wait(REQUEST_TIMEOUT_S)
+        plain = client.send("tensorrt_llm", token_inputs([1, 504], 3, min_tokens=(3, np.int32)), "plain")
+        plain.wait(REQUEST_TIMEOUT_S)
+    finally:
+        client.close()
+    assert answer.errors == [] and answer.tokens() and all(token in digit_tokens for token in answer.tokens()[:1])
+    assert plain.errors == [] and len(plain.tokens()) == 3
+    assert _http(server, "/v2/models/tensorrt_llm/ready")[0] == 200
+
+
 @settings(FUZZ, max_examples=25)
 @given(requests=st.lists(token_requests(), min_size=1, max_size=4))
 def test_token_level_fuzz_never_kills_the_model(server, requests):
+    _send_together(server, "tensorrt_llm", requests)
+
+
+@settings(FUZZ, max_examples=20)
+@given(requests=st.lists(guided_requests(), min_size=1, max_size=4))
+def test_guided_fuzz_with_bans_bias_stop_words_and_min_tokens_never_fails_the_model(server, requests):
+    """A combination the engine cannot meet (the guide allows only what the request bans) is the request's own
+    INVALID_ARG; nothing here may answer INTERNAL or stop the model (issue 31)."""
     _send_together(server, "tensorrt_llm", requests)
 
 

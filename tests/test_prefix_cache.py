@@ -196,3 +196,21 @@ def test_reuse_is_visible_in_the_perf_outputs_of_a_real_server(tmp_path, paramet
         assert reused == expected
     finally:
         server.stop()
+
+
+def test_requests_share_cached_blocks_only_under_the_same_cache_salt(reusing, plain):
+    """vLLM's cache_salt: a salted request finds none of what others cached (its reuse count says so: it cannot
+    learn what another client asked), the same salt shares, and the tokens are those of an uncached run."""
+    prompt = SHARED + [4093, 5316, 30, 2683, 359, 253, 1234, 997, 5001, 6002, 7003]
+
+    def reused(salt: str | None) -> tuple[int, list[int]]:
+        (steps,) = run_all(reusing, [greedy(prompt, return_perf_metrics=True, cache_salt=salt)])
+        return steps[-1].kv_cache_reused_blocks, tokens(steps)
+
+    (expected,) = outputs(plain, [[prompt]])
+    full_blocks = (len(prompt) - 1) // reusing.engine.blocks.block_size
+    assert reused("tenant-a") == (0, expected)
+    assert reused("tenant-b") == (0, expected)
+    assert reused("tenant-a") == (full_blocks, expected)
+    assert reused(None)[0] < full_blocks  # at most the chat header's block, which other tests cached unsalted
+    assert reused(None) == (full_blocks, expected)

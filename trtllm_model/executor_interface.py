@@ -66,6 +66,8 @@ class GenerationRequest:
     lora_config: object | None = None  # numpy int32 array [layers x modules, 3] as NVIDIA's `lora_config`
     guided_decoding_type: str | None = None  # json | json_schema | regex | ebnf_grammar
     guided_decoding_guide: str | None = None
+    # vLLM's cache_salt: cached KV blocks are shared only among requests of the same salt (None: the unsalted ones).
+    cache_salt: str | None = None
     # NVIDIA's LLM API inputs (conventions/llmapi.py): a LoRA adapter by path (lora_id, lora_name, lora_path,
     # lora_ckpt_source) and a logits post-processor declared in model.yaml, by name. Executors without them have
     # no `llmapi_features` for them, and the edge refuses such requests as UNSUPPORTED.
@@ -86,6 +88,7 @@ class Step:
     log_probs: list[float] | None = None
     cum_log_prob: float | None = None
     error: str | None = None
+    client_error: bool = False  # `error` is the request's own doing (INVALID_ARG), not the engine's (INTERNAL)
     sequence_index: int = 0
     # beam_width > 1: every beam in full so far (beams may rewrite earlier tokens); token_ids is then unused.
     beams: list[list[int]] | None = None
@@ -161,6 +164,7 @@ OPTIONAL_INPUTS = {
     "return_generation_logits": ("return_generation_logits",),
     "lora": ("lora_task_id", "lora_weights", "lora_config"),
     "guided_decoding": ("guided_decoding_guide_type", "guided_decoding_guide"),
+    "cache_salt": ("cache_salt",),
 }
 
 

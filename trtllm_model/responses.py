@@ -15,6 +15,7 @@ import numpy as np
 
 from .conventions.common import ResponseContent
 from .conventions.inflight_batcher import response_outputs  # the default convention's outputs
+from .delivery_timing import PhaseTimes
 from .executor_interface import FinishReason, Step
 from .request_context import ErrorCode, RequestContext
 
@@ -41,20 +42,23 @@ class ResponseAssembler:
     def __init__(self, detokenizer_factory: Callable[[], object] | None = None) -> None:
         self.detokenizer_factory = detokenizer_factory
 
-    def messages(self, ctx: RequestContext, steps: list[Step], failure: ErrorReply | None) -> list[Message]:
+    def messages(
+        self, ctx: RequestContext, steps: list[Step], failure: ErrorReply | None, times: PhaseTimes | None = None
+    ) -> list[Message]:
         """What to send for `steps` (and then `failure`, if the request is being failed); sets ctx.finish_reason
-        when the request ends."""
+        when the request ends. `times` gets the time spent detokenizing and building tensors."""
         out: list[Message] = []
         if steps:
-            out.extend(self._step_messages(ctx, steps, final_allowed=failure is None))
+            out.extend(self._step_messages(ctx, steps, failure is None, times or PhaseTimes()))
         if failure is not None and not (out and out[-1].final):
             ctx.finish_reason = "error"
             out.append(failure)
         return out
 
-    def _step_messages(self, ctx: RequestContext, steps: list[Step], final_allowed: bool) -> list[Message]:
+    def _step_messages(self, ctx: RequestContext, steps: list[Step], final_allowed: bool, times: PhaseTimes) -> list[Message]:
         last = steps[-1]
-        new_tokens = [t for s in steps for t in s.token_ids]
+        new_tokens = list(steps[0].token_ids) if len(steps) == 1 else [t for s in steps for t in s.token_ids]
+        times.tokens += len(new_tokens)
         new_log_probs = [p for s in steps for p in (s.log_probs or [])]
         new_logits = [s.generation_logits for s in steps if s.generation_logits is not None]
         if last.beams is not None and new_logits:
@@ -76,24 +80,29 @@ class ResponseAssembler:
                     if getattr(step, name) is not None:
                         ctx.kv_cache_blocks[name] = getattr(step, name)
         final = last.is_final and final_allowed
-        error = next((s.error for s in steps if s.error), None)
+        failed = next((s for s in steps if s.error), None)
         if not generation.streaming:
             ctx.output_ids.extend(new_tokens)
             ctx.generation_logits.extend(new_logits)
 
-        if error is not None:
+        if failed is not None:
             ctx.finish_reason = "error"
-            return [ErrorReply(ErrorCode.INTERNAL, f"executor error: {error}")]
+            if failed.client_error:
+                return [ErrorReply(ErrorCode.INVALID_ARG, failed.error)]
+            return [ErrorReply(ErrorCode.INTERNAL, f"executor error: {failed.error}")]
         if final:
             ctx.finish_reason = last.finish_reason.value
         client_cancelled = final and last.finish_reason is FinishReason.CANCELLED and not ctx.stopped
         if generation.streaming:
+            started = time.perf_counter_ns()
             text = self._text_delta(ctx, new_tokens, final)
+            started = times.add("detokenize", started)
             out: list[Message] = []
             # A final response always carries outputs (empty if nothing is new): tritonclient hands a flag-only
             # final to no callback, so a client would never see its request end.
             if new_tokens or last.beams is not None or text or final:
                 outputs = self._outputs(ctx, new_tokens, text, new_log_probs, last, new_logits, final=final)
+                times.add("tensors", started)
                 if client_cancelled:
                     if new_tokens or text:
                         out.append(Reply(outputs, final=False))

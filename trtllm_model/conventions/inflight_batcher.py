@@ -322,6 +322,7 @@ def parse_request(
         lora_config=lora_config,
         guided_decoding_type=guide_type,
         guided_decoding_guide=guide,
+        cache_salt=_cache_salt(tensors),
         faults={k[len("synthetic_fault_"):]: str(v) for k, v in parameters.items() if k.startswith("synthetic_fault_")},
     )
     return ParsedRequest(
@@ -418,16 +419,26 @@ def _lora(tensors: dict[str, np.ndarray], scalars) -> tuple[int | None, np.ndarr
     return task_id, weights, config
 
 
-def _guided_decoding(tensors: dict[str, np.ndarray]) -> tuple[str | None, str | None]:
-    def one_string(name: str) -> str | None:
-        if name not in tensors:
-            return None
-        array = tensors[name]
-        if array.size != 1:
-            raise InvalidInput(f"{name}: expected one string per request, got shape {list(array.shape)}")
-        return utf8(name, array.reshape(-1)[0])
+def _one_string(tensors: dict[str, np.ndarray], name: str) -> str | None:
+    if name not in tensors:
+        return None
+    array = tensors[name]
+    if array.size != 1:
+        raise InvalidInput(f"{name}: expected one string per request, got shape {list(array.shape)}")
+    return utf8(name, array.reshape(-1)[0])
 
-    guide_type, guide = one_string("guided_decoding_guide_type"), one_string("guided_decoding_guide")
+
+def _cache_salt(tensors: dict[str, np.ndarray]) -> str | None:
+    """vLLM's `cache_salt`: requests share cached KV blocks only with requests of the same salt."""
+    salt = _one_string(tensors, "cache_salt")
+    if salt == "":
+        raise InvalidInput("cache_salt: must not be empty (leave it out for no salt)")
+    return salt
+
+
+def _guided_decoding(tensors: dict[str, np.ndarray]) -> tuple[str | None, str | None]:
+    guide_type = _one_string(tensors, "guided_decoding_guide_type")
+    guide = _one_string(tensors, "guided_decoding_guide")
     if guide_type is None:
         if guide is not None:
             raise InvalidInput("guided_decoding_guide: needs guided_decoding_guide_type")

@@ -1,11 +1,15 @@
 """Bookkeeping of the KV block pool: which blocks each sequence holds, shared full blocks, and what is free.
 
 A block holds `block_size` tokens' keys and values in every layer (the tensors live in `kv_cache.KvBlockPool`;
-this module never touches them). A full block that has been computed is keyed by a hash chained over the prefix
-before it and its own tokens, so a later prompt that starts with the same tokens reuses it instead of prefilling
-them again (prefix caching). Blocks are reference counted: a shared block is freed only when its last holder
-lets go; a freed block that carries a hash stays findable until the pool runs out of blank blocks, and then the
-least recently used of them is evicted (its hash forgotten, its memory handed out again).
+this module never touches them). A full block that has been computed is keyed by a digest (BLAKE2b) of its parent
+block's key, its own tokens and, for a first block, the request's cache salt, so a later prompt that starts with
+the same tokens under the same salt reuses it instead of prefilling them again (prefix caching); requests with
+different salts (vLLM's `cache_salt`) never share a block, nor learn from the reuse counts what the others cached.
+A key only finds a candidate: a hit also needs the candidate's own tokens and salt to match and its parent to be
+the very block (id and allocation) matched just before, so even a digest collision never hands one client
+another's keys and values. Blocks are reference counted: a shared block is freed only when its last holder lets
+go; a freed block that carries a key stays findable until the pool runs out of blank blocks, and then the least
+recently used of them is evicted (its key forgotten, its memory handed out again).
 
 A sequence reserves at admission every block it can ever need (prompt + max_tokens): the engine has no
 preemption, so a running sequence must never find the pool empty. Blocks it will fill while decoding are drawn
@@ -17,6 +21,8 @@ the step's shapes static).
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -27,8 +33,13 @@ TRASH_BLOCK = 0
 class Block:
     block_id: int
     ref_count: int = 0
-    hash: int | None = None
-    token_ids: tuple[int, ...] = ()  # what `hash` stands for, checked on a match (hashes can collide)
+    key: bytes | None = None  # set while it is findable
+    # What `key` stands for, checked on a match (a digest can collide): its tokens, its salt, and its parent block
+    # as (id, allocation) when it was registered (None: the sequence's first block).
+    token_ids: tuple[int, ...] = ()
+    salt: str | None = None
+    parent: tuple[int, int] | None = None
+    allocation: int = 0  # counts the times it was handed out: (id, allocation) names one content
 
 
 @dataclass(slots=True)
@@ -41,13 +52,21 @@ class BlockTable:
     reused_blocks: int = 0
     missed_blocks: int = 0  # full prompt blocks looked up and not found
     new_blocks: int = 0  # blocks allocated for it (not reused)
-    hashed_blocks: int = 0  # leading blocks whose hash is known (registered or reused)
-    last_hash: int | None = None  # hash of block `hashed_blocks - 1`
+    hashed_blocks: int = 0  # leading blocks whose key is known (registered or reused)
+    last_key: bytes | None = None  # key of block `hashed_blocks - 1`
+    salt: str | None = None  # the request's cache salt: only blocks of the same salt are shared
 
 
-def chain_hash(prefix_hash: int | None, tokens: tuple[int, ...]) -> int:
-    """The key of a full block: its tokens and (through `prefix_hash`) every token before it."""
-    return hash((prefix_hash, tokens))
+def block_key(parent_key: bytes | None, tokens: tuple[int, ...], salt: str | None) -> bytes:
+    """The key of a full block: a digest of its tokens and (through `parent_key`, or the salt for a first block)
+    every token and the salt before it."""
+    digest = hashlib.blake2b(digest_size=16)
+    if parent_key is None:
+        digest.update(b"salt:" + salt.encode("utf-8", "surrogatepass") if salt is not None else b"nosalt")
+    else:
+        digest.update(parent_key)
+    digest.update(array("q", tokens).tobytes())
+    return digest.digest()
 
 
 class BlockManager:
@@ -60,8 +79,8 @@ class BlockManager:
         # Blank free blocks, a stack: the most recently freed is used first, and never-used ones in id order, so
         # memory pages are touched only as the load needs them (`high_water` says how far).
         self._blank: list[int] = list(range(num_blocks, TRASH_BLOCK, -1))
-        self._cached_free: OrderedDict[int, None] = OrderedDict()  # free blocks with a hash, least recent first
-        self._by_hash: dict[int, int] = {}
+        self._cached_free: OrderedDict[int, None] = OrderedDict()  # free blocks with a key, least recent first
+        self._by_key: dict[bytes, int] = {}
         self._reserved = 0  # blocks promised to running sequences, not drawn yet
         self.high_water = 1  # blocks [0, high_water) have been handed out at least once
         # Totals since start (TensorRT-LLM's KvCacheStats counts the same way).
@@ -87,42 +106,49 @@ class BlockManager:
         return -(-tokens // self.block_size)
 
     # -- admission -------------------------------------------------------------------------------------------------
-    def _prefix_matches(self, token_ids: list[int], prompt_len: int) -> list[tuple[int, int]]:
-        """(block id, hash) of the leading prompt blocks found in the pool. The last prompt token is never taken from
-        the cache, so the prefill computes at least one token and has logits to sample from."""
-        matches: list[tuple[int, int]] = []
+    def _prefix_matches(self, token_ids: list[int], prompt_len: int, salt: str | None) -> list[tuple[int, bytes]]:
+        """(block id, key) of the leading prompt blocks found in the pool, each the child of the one before. The last
+        prompt token is never taken from the cache, so the prefill computes at least one token and has logits."""
+        matches: list[tuple[int, bytes]] = []
         if not self.enable_reuse:
             return matches
-        prefix_hash = None
+        key, parent = None, None
         for index in range((prompt_len - 1) // self.block_size):
             tokens = tuple(token_ids[index * self.block_size : (index + 1) * self.block_size])
-            prefix_hash = chain_hash(prefix_hash, tokens)
-            block_id = self._by_hash.get(prefix_hash)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
+            key = block_key(key, tokens, salt)
+            block = self.blocks[self._by_key.get(key, TRASH_BLOCK)]
+            if block.key != key or block.token_ids != tokens or block.salt != salt or block.parent != parent:
                 break
-            matches.append((block_id, prefix_hash))
+            matches.append((block.block_id, key))
+            parent = (block.block_id, block.allocation)
         return matches
 
     def allocate(
-        self, token_ids: list[int], prompt_len: int, lifetime_tokens: int, max_prefill_tokens: int | None = None
+        self,
+        token_ids: list[int],
+        prompt_len: int,
+        lifetime_tokens: int,
+        max_prefill_tokens: int | None = None,
+        salt: str | None = None,
     ) -> BlockTable | None:
-        """Blocks for a prompt (shared where cached) plus a reservation up to `lifetime_tokens`; None when the pool
-        cannot hold it now, or its uncached rest is over `max_prefill_tokens` (nothing changes then)."""
-        matches = self._prefix_matches(token_ids, prompt_len)
+        """Blocks for a prompt (shared where cached under the same salt) plus a reservation up to `lifetime_tokens`;
+        None when the pool cannot hold it now, or its uncached rest is over `max_prefill_tokens` (nothing changes
+        then)."""
+        matches = self._prefix_matches(token_ids, prompt_len, salt)
         if max_prefill_tokens is not None and prompt_len - len(matches) * self.block_size > max_prefill_tokens:
             return None
         total = self.blocks_for(lifetime_tokens)
         revived = sum(1 for block_id, _ in matches if self.blocks[block_id].ref_count == 0)
         if total - len(matches) + revived > self.free_blocks:
             return None
-        table = BlockTable()
-        for block_id, block_hash in matches:
+        table = BlockTable(salt=salt)
+        for block_id, key in matches:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self._cached_free[block_id]
             block.ref_count += 1
             table.block_ids.append(block_id)
-            table.last_hash = block_hash
+            table.last_key = key
         table.hashed_blocks = table.reused_blocks = len(matches)
         table.cached_tokens = len(matches) * self.block_size
         if self.enable_reuse:
@@ -152,15 +178,19 @@ class BlockManager:
         while (table.hashed_blocks + 1) * self.block_size <= computed_tokens:
             index = table.hashed_blocks
             tokens = tuple(token_ids[index * self.block_size : (index + 1) * self.block_size])
-            block_hash = chain_hash(table.last_hash, tokens)
+            key = block_key(table.last_key, tokens, table.salt)
             block = self.blocks[table.block_ids[index]]
-            if block.hash is None and block_hash not in self._by_hash:
-                block.hash, block.token_ids = block_hash, tokens
-                self._by_hash[block_hash] = block.block_id
-            # else: the same tokens are already cached in another block (computed side by side); this copy stays
-            # private and goes back blank.
+            if block.key is None and key not in self._by_key:
+                parent = None
+                if index:
+                    before = self.blocks[table.block_ids[index - 1]]
+                    parent = (before.block_id, before.allocation)
+                block.key, block.token_ids, block.salt, block.parent = key, tokens, table.salt, parent
+                self._by_key[key] = block.block_id
+            # else: the key is taken (the same tokens cached in another block, computed side by side, or a
+            # collision); this copy stays private and goes back blank.
             table.hashed_blocks += 1
-            table.last_hash = block_hash
+            table.last_key = key
 
     def free(self, table: BlockTable) -> None:
         """Let go of a sequence's blocks and what is left of its reservation (idempotent)."""
@@ -171,7 +201,7 @@ class BlockManager:
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                if block.hash is not None:
+                if block.key is not None:
                     self._cached_free[block_id] = None
                 else:
                     self._blank.append(block_id)
@@ -186,10 +216,12 @@ class BlockManager:
         else:  # no blank block left: evict the least recently used cached one
             block_id, _ = self._cached_free.popitem(last=False)
             block = self.blocks[block_id]
-            del self._by_hash[block.hash]
-            block.hash, block.token_ids = None, ()
+            del self._by_key[block.key]
+            block.key, block.token_ids, block.salt, block.parent = None, (), None, None
             self.total_evicted += 1
-        self.blocks[block_id].ref_count = 1
+        block = self.blocks[block_id]
+        block.ref_count = 1
+        block.allocation += 1
         self.high_water = max(self.high_water, block_id + 1)
         table.block_ids.append(block_id)
         table.new_blocks += 1

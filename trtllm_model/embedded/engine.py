@@ -9,9 +9,10 @@ cached is prefilled only from the first uncached token (`enable_kv_cache_reuse`)
 A failure the engine can pin on one request (its prefill, retried alone when it was part of a group; its sampling,
 retried row by row; its context logits) fails that request with an error step and frees its blocks; the batch
 goes on (a prefill writes only its own new blocks, and a block becomes findable by other prompts only once
-written, so a failed or cancelled request leaves nothing another can read). A failure of the whole batch's decode
-forward, or `MAX_FAILURES_IN_A_ROW` failed requests with
-no success between them stop the engine: every open request then ends with the engine's error.
+written, so a failed or cancelled request leaves nothing another can read). What a request carries can fail that
+request only: a row whose guide, bans and bias allow no token ends its request with a client error
+(`Step.client_error`), however many such requests come in a row. Only the engine's own faults stop it (a failed
+forward of the whole batch's decode, a device error): every open request then ends with the engine's error.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..executor_interface import FinishReason, IterationStats, KvCacheStats, Ste
 from .block_manager import BlockManager
 from .kv_budget import KvBudget
 from .runner import ModelRunner
-from .sampling import sample_next_tokens
+from .sampling import NO_ALLOWED_TOKEN, sample_next_tokens
 from .scheduler import Scheduler, SchedulerLimits, prefill_groups
 from .sequence import Sequence
 
@@ -38,9 +39,6 @@ log = logging.getLogger(__name__)
 # Prompt tokens a decode step's CUDA graph may prefill beside its decoding rows (captured buckets go up to
 # max_batch_size + this many rows).
 GRAPH_PREFILL_ROWS = 256
-
-# Requests failed one after another with no success between: the fault is the engine's, not theirs.
-MAX_FAILURES_IN_A_ROW = 8
 
 
 @dataclass(slots=True)
@@ -66,7 +64,6 @@ class Engine:
         self.scheduler = Scheduler(SchedulerLimits(config.max_batch_size, config.max_num_tokens), self.blocks)
         self.running: list[Sequence] = []
         self.iteration = 0
-        self._failures_in_a_row = 0
         self.phase_seconds: dict[str, float] = {}  # engine thread's time per phase of its iterations, summed
 
         # Everything below is shared with the callers' threads and guarded by `_lock`.
@@ -310,7 +307,6 @@ class Engine:
         for row, sequence in enumerate(sequences):
             try:
                 steps.append(self._accept_row(sequence, logits[row], sampled[row], prefill))
-                self._failures_in_a_row = 0
             except Exception as exc:  # noqa: BLE001 - this request's own failure
                 steps.append(self._fail(sequence, "prefill" if prefill else "decode", exc))
         return steps
@@ -322,6 +318,13 @@ class Engine:
             (token,), (log_prob,) = sample_next_tokens(logits[None], [sequence.sampling_state()])
         else:
             token, log_prob = sampled
+        if token == NO_ALLOWED_TOKEN:
+            sequence.finish(FinishReason.ERROR)
+            step = sequence.step([])
+            step.error = ("no token is allowed next: bad_words, embedding_bias and the guide (if any) together ban "
+                          "every token")
+            step.client_error = True
+            return step
         step = sequence.accept(token, log_prob, self.runner.max_positions)
         # Logits only for requests that asked (NVIDIA's return_*_logits): the copies cost a vocabulary each.
         if sequence.want_generation_logits and step.token_ids:
@@ -334,9 +337,6 @@ class Engine:
         """End one request with an error step (its row, if any, is freed with the finished ones)."""
         log.error("request %s failed in %s: %s: %s", sequence.request_id, stage, type(exc).__name__, exc,
                   exc_info=exc)
-        self._failures_in_a_row += 1
-        if self._failures_in_a_row >= MAX_FAILURES_IN_A_ROW:
-            raise RuntimeError(f"{self._failures_in_a_row} requests failed in a row, the last in {stage}: {exc}")
         sequence.finish(FinishReason.ERROR)
         step = sequence.step([])
         step.error = f"{stage} failed: {type(exc).__name__}: {exc}"
@@ -400,7 +400,8 @@ def _merge_step(pending: Step, step: Step) -> None:
         pending.context_logits = step.context_logits
     pending.cum_log_prob = step.cum_log_prob
     pending.is_final, pending.finish_reason = step.is_final, step.finish_reason
-    pending.error = pending.error or step.error
+    if not pending.error:
+        pending.error, pending.client_error = step.error, step.client_error
     if step.kv_cache_alloc_total_blocks is not None:
         pending.kv_cache_alloc_new_blocks = step.kv_cache_alloc_new_blocks
         pending.kv_cache_reused_blocks = step.kv_cache_reused_blocks

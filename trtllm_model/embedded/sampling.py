@@ -3,7 +3,8 @@
 Order, per row: embedding bias, repetition penalty (over prompt and output, as in Hugging Face), presence and
 frequency penalties (over the output only, as in OpenAI's API), bans (bad words; the end id before min_tokens),
 temperature; then top-k and top-p cut the distribution that is sampled. A log prob is that of the chosen token
-under the distribution after temperature and before top-k/top-p.
+under the distribution after temperature and before top-k/top-p. A row whose guide, bans and bias leave no token
+allowed gets `NO_ALLOWED_TOKEN`: what the request asked for cannot be met, and the engine ends it (its own error).
 Greedy rows share one batched argmax; sampling rows are cut and drawn together on the logits' device (one uniform
 number per row from the row's own `random.Random`, so a seeded request gets the same draws whatever else shares the
 batch).
@@ -20,6 +21,8 @@ import torch
 from ..executor_interface import GenerationRequest
 from .guided import mask_guided_logits
 
+# The token of a row that allows none (every token banned, biased to -inf or outside its guide).
+NO_ALLOWED_TOKEN = -1
 # Top-p alone first looks among this many best tokens (exact: it sorts everything when they hold too little).
 TOP_P_CANDIDATES = 256
 
@@ -185,7 +188,7 @@ def _sample_rows(logits: torch.Tensor, states: list[SamplingState]) -> tuple[lis
             ids, probs, _ = _candidates(scaled[rows], [picked[i] for i in again], log_total[rows], scaled.shape[-1])
             tokens[rows] = _draw(ids, probs, draws[rows])
     finite = torch.isfinite(log_total)
-    if not bool(finite.all()):  # every token banned: answer something rather than fail the batch
+    if not bool(finite.all()):  # no token allowed (replaced by the caller) or non-finite logits: a valid index
         tokens = torch.where(finite, tokens, logits.argmax(-1))
     log_probs = torch.where(finite, scaled.gather(1, tokens[:, None])[:, 0] - log_total, float("-inf"))
     return tokens.tolist(), log_probs.tolist()
@@ -203,7 +206,8 @@ def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tup
     if guided:
         logits = logits.clone()  # the caller's logits stay raw (NVIDIA's generation logits)
         mask_guided_logits(logits, guides)
-    if any(state.params.changes_logits for state in states):
+    changed = any(state.params.changes_logits for state in states)
+    if changed:
         if not guided:
             logits = logits.clone()
         banned_rows: list[int] = []
@@ -235,4 +239,7 @@ def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tup
             tokens[row] = token
             if states[row].params.log_probs:
                 log_probs[row] = log_prob
+    if guided or changed:
+        for row in (logits.amax(-1) == float("-inf")).nonzero()[:, 0].tolist():
+            tokens[row], log_probs[row] = NO_ALLOWED_TOKEN, None
     return tokens, log_probs

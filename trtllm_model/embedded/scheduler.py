@@ -41,7 +41,8 @@ class Scheduler:
         while self.waiting and len(running) + len(admitted) < self.limits.max_batch_size:
             head = self.waiting[0]
             table = self.blocks.allocate(
-                head.token_ids, head.prompt_len, head.prompt_len + head.max_tokens, max_prefill_tokens=tokens_left
+                head.token_ids, head.prompt_len, head.prompt_len + head.max_tokens, max_prefill_tokens=tokens_left,
+                salt=head.cache_salt,
             )
             if table is None:
                 break

@@ -42,6 +42,7 @@ class Sequence:
     blocks: BlockTable | None = None  # its KV blocks, from admission until it ends
     num_computed: int = 0  # leading tokens whose keys and values are in the pool (the cached prefix, then more)
     guide: Any = None  # xgrammar GrammarMatcher of a guided request (set by the executor at enqueue)
+    cache_salt: str | None = None  # shares cached blocks only with sequences of the same salt
 
     @classmethod
     def from_request(
@@ -68,6 +69,7 @@ class Sequence:
             want_perf_metrics=request.return_perf_metrics,
             deadline=deadline,
             token_ids=list(request.input_ids),
+            cache_salt=request.cache_salt,
         )
 
     @property

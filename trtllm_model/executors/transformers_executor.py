@@ -88,7 +88,7 @@ DEFAULT_MAX_NUM_TOKENS = 2048
 
 
 class TransformersExecutor(Executor):
-    optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "guided_decoding"})
+    optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "guided_decoding", "cache_salt"})
     max_guide_bytes: int = DEFAULT_MAX_GUIDE_BYTES
     guide_compile_timeout_s: float = DEFAULT_GUIDE_COMPILE_TIMEOUT_S
 
