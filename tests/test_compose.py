@@ -24,7 +24,7 @@ def test_compose_file_validates_and_uses_nvidias_trtllm_image():
     config = compose_config()
     assert "nvcr.io/nvidia/tritonserver:" in config and "-trtllm-python-py3" in config
     assert "capabilities:\n              - gpu" in config or "- gpu" in config
-    assert "/v2/health/ready" in config
+    assert "/v2/models/tensorrt_llm/ready" in config
     for port in ("8000", "8001", "8002"):
         assert f"published: {port}" in config or f"{port}:{port}" in config
 

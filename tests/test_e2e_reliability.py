@@ -12,11 +12,14 @@ import json
 import random
 import threading
 import time
+import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import yaml
 from conftest import start_server
 from prometheus_text import scrape
 from triton_client import StreamClient, stream_once, tensor, text_inputs, token_inputs
@@ -378,6 +381,52 @@ def test_executor_crash_ends_every_stream_within_1_s_and_the_model_reports_not_r
         client.close()
     finally:
         server.stop()
+
+
+CPU_DEPLOYMENT = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "cpu" / "deployment.yaml"
+
+
+def kubelet_http_probe(server, probe: dict) -> bool:
+    """What the kubelet makes of an httpGet probe on the server's http port: success is a status from 200 to 399."""
+    try:
+        url = f"{server.http_url}{probe['httpGet']['path']}"
+        with urllib.request.urlopen(url, timeout=probe.get("timeoutSeconds", 1)) as response:
+            return 200 <= response.status < 400
+    except urllib.error.HTTPError as error:
+        return 200 <= error.code < 400
+    except OSError:
+        return False
+
+
+def test_an_engine_fault_fails_the_manifests_liveness_probe_until_a_restart(tmp_path):
+    """The engine stops on its own fault: the model unloads itself, and the readiness and liveness probes of the
+    Kubernetes manifests fail from then on, so the kubelet takes the pod out of the Service and restarts the
+    container. Before, liveness probed /v2/health/live, which stays 200 (and readiness /v2/health/ready, which is 200
+    again once no model is left loaded): the pod lived on without its model."""
+    (container,) = yaml.safe_load(CPU_DEPLOYMENT.read_text())["spec"]["template"]["spec"]["containers"][:1]
+    liveness, readiness = container["livenessProbe"], container["readinessProbe"]
+    server = start_server(tmp_path)
+    try:
+        assert kubelet_http_probe(server, liveness) and kubelet_http_probe(server, readiness)
+        crash = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1], 4000),
+                            parameters={"synthetic_fault_crash_at": 3})
+        assert crash.errors and crash.errors[0].startswith("UNAVAILABLE: executor failed")
+        deadline = time.monotonic() + 10
+        while kubelet_http_probe(server, liveness):
+            assert time.monotonic() < deadline, f"{liveness['httpGet']['path']} still passes with a dead executor"
+            time.sleep(0.1)
+        # It keeps failing for as long as the kubelet counts (shortened here: 3 checks, a second apart).
+        for _ in range(3):
+            time.sleep(1.0)
+            assert not kubelet_http_probe(server, liveness) and not kubelet_http_probe(server, readiness)
+    finally:
+        server.stop()
+    restarted = start_server(tmp_path / "restarted")
+    try:
+        assert kubelet_http_probe(restarted, liveness)
+        assert stream_once(restarted.grpc_url, "tensorrt_llm", token_inputs([4], 3)).tokens() == expected([4], 3)
+    finally:
+        restarted.stop()
 
 
 def test_an_error_step_ends_only_its_own_request(server):

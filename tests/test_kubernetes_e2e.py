@@ -152,7 +152,7 @@ def test_every_probe_answers_as_the_kubelet_expects(directory, request):
         checked += 1
     assert checked >= 3
     kinds = {kind: get["path"] for _, kind, port, get in probes(directory) if port == "http"}
-    assert kinds["readinessProbe"] == "/v2/health/ready" and kinds["livenessProbe"] == "/v2/health/live"
+    assert kinds["readinessProbe"] == kinds["livenessProbe"] == "/v2/models/tensorrt_llm/ready"
 
 
 def test_readiness_probe_fails_once_the_model_is_unloaded(gpu_replica):

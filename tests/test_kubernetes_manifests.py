@@ -238,6 +238,20 @@ def test_grace_period_covers_the_drain_and_the_exit_timeout(directory):
     assert grace >= prestop_timeout_s(container) + exit_timeout + 30, (grace, prestop_timeout_s(container), exit_timeout)
 
 
+@pytest.mark.parametrize("directory", ["cpu", "gpu", "gpu-multi", "multinode"])
+def test_readiness_and_liveness_fail_once_the_engine_model_stopped_on_its_fault_but_outlast_a_stop(directory):
+    """A model whose engine failed unloads itself: its /v2/models/tensorrt_llm/ready answers 400 from then on, while
+    /v2/health/live stays 200 and /v2/health/ready answers 200 again once no model is left loaded
+    (tests/test_e2e_reliability.py), so readiness and liveness ask for the engine's model. Liveness failures must
+    outlast a stop's own unload (SIGTERM, then the exit timeout); the startup probe waits for every model first."""
+    for container in triton_containers(directory):
+        live, ready, startup = container["livenessProbe"], container["readinessProbe"], container["startupProbe"]
+        assert live["httpGet"] == {"path": "/v2/models/tensorrt_llm/ready", "port": "http"} == ready["httpGet"]
+        assert live["periodSeconds"] * live["failureThreshold"] >= exit_timeout_s(container) + 30, live
+        assert startup["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 300, startup
+
+
 # -- the model-repository API: only with the admin key (docs/security.md) -----------------------------------------------
 SECRET_KEY = "from-the-secret-0123456789"  # what the test puts where the Secret's value would be
 ADMIN_SECRET = {"name": "trtllm-triton-admin", "key": "admin-key"}
