@@ -120,6 +120,79 @@ def test_a_send_that_blocks_stalls_neither_the_executor_nor_other_streams(poller
     assert len(stuck.responses) <= 3  # the first token, then everything that piled up behind the blocked send
 
 
+class SlowChannelStream(ListStream):
+    """A response sender on one slow shared channel, as Triton's stub has one IPC channel for every send: sends take
+    `send_s` each, one at a time, and each is logged (by stream name) in the order it left."""
+
+    def __init__(self, name, sent: list, channel: threading.Lock, send_s: float) -> None:
+        super().__init__()
+        self.name, self.sent, self.channel, self.send_s = name, sent, channel, send_s
+        self.submitted_at = 0  # sends logged before this request was submitted
+
+    def send(self, outputs, final):
+        with self.channel:
+            time.sleep(self.send_s)
+            self.sent.append(self.name)
+            super().send(outputs, final)
+
+
+def _start_running_streams(p, count, sent, channel, send_s):
+    running = [SlowChannelStream(f"run-{i}", sent, channel, send_s) for i in range(count)]
+    for i, stream in enumerate(running):
+        p.submit(context([i], 1_000_000, stream))
+    deadline = time.monotonic() + 10
+    while not all(stream.responses for stream in running):
+        assert time.monotonic() < deadline, "the running streams never got their first responses"
+        time.sleep(0.01)
+    return running
+
+
+def _arrivals(p, sent, channel, send_s, every_s, seconds):
+    """New 1-token requests, one every `every_s` for `seconds`, each noting how many sends left before it came."""
+    arrived = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        stream = SlowChannelStream(f"new-{len(arrived)}", sent, channel, send_s)
+        stream.submitted_at = len(sent)
+        p.submit(context([100 + len(arrived)], 1, stream))
+        arrived.append(stream)
+        time.sleep(every_s)
+    return arrived
+
+
+def test_running_streams_are_served_round_robin_while_new_requests_keep_arriving(poller):
+    # Sends at 3 ms, one at a time (~330 a second); new requests arrive faster than that (one every 1.5 ms). When
+    # first tokens went first, the running streams got nothing while the arrivals lasted. Now every running stream
+    # gets its next response within one round: the other running streams, as many first responses, and the sends
+    # the 3 workers had already taken.
+    p = poller(step_ms=1.0, sender_threads=2)
+    sent, channel, count = [], threading.Lock(), 10
+    running = _start_running_streams(p, count, sent, channel, 0.003)
+    start = len(sent)
+    _arrivals(p, sent, channel, 0.003, 0.0015, 1.0)
+    window = sent[start:]
+    assert sum(name.startswith("new-") for name in window) > 50, "the arrivals did not compete for the sends"
+    for stream in running:
+        positions = [i for i, name in enumerate(window) if name == stream.name]
+        assert len(positions) >= 3, f"{stream.name}: {len(positions)} responses in {len(window)} sends"
+        gaps = [b - a for a, b in zip([0, *positions], positions)]
+        assert max(gaps) <= 2 * count + 8, f"{stream.name} waited {max(gaps)} sends for a response"
+
+
+def test_a_new_request_is_not_starved_by_running_streams_with_tokens_waiting(poller):
+    # 30 running streams always have tokens waiting; a new request arriving now and then gets its first (and
+    # only) response within a few sends (the 3 workers' sends under way, the step, a running stream's turn), not
+    # after a round of the 30 running streams.
+    p = poller(step_ms=1.0, sender_threads=2)
+    sent, channel = [], threading.Lock()
+    _start_running_streams(p, 30, sent, channel, 0.002)
+    arrived = _arrivals(p, sent, channel, 0.002, 0.05, 1.0)
+    for stream in arrived:
+        assert stream.done.wait(5)
+        waited = sent.index(stream.name) - stream.submitted_at
+        assert waited <= 10, f"{stream.name} waited {waited} sends for its first response"
+
+
 def test_failed_send_ends_only_that_stream(poller):
     p = poller()
     broken, healthy = ListStream(fail_after=2), ListStream()

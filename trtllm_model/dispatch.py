@@ -6,7 +6,14 @@ any ready request, so new steps never wait for a backlog. The worker that posted
 idle worker and delivers the first ready request itself: a token reaches Triton without a thread hand-off, and the
 executor is never waited on by a thread that is sending. A request is delivered by one worker at a time, everything
 in its mailbox as one response (one IPC round trip instead of many), so its responses stay in order and coalesce
-under load; requests still waiting for their first token are delivered first.
+under load.
+
+Order, when sends cannot keep up with tokens: two queues, requests waiting for their first response and running
+requests, each first in first out; a running request that got a response and has more waiting goes to the back of
+its queue (round-robin: every running stream gets a response before any gets a second one). The two queues take
+turns (at most `FIRSTS_PER_RUNNING` first responses, then one running request), so neither a new request's first
+token nor a running stream waits unboundedly: a running stream waits at most about (1 + FIRSTS_PER_RUNNING) sends per
+running stream ahead of it. Coalescing is then even: each stream's tokens gather for one round.
 
 Delivery guarantees the final response: whatever fails while the responses are built or sent, a request whose
 final response has not left gets one (an error), and only then is it ENDED. Right before a request's final response
@@ -22,11 +29,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from .delivery_timing import DeliveryTiming, PhaseTimes
 from .executor_interface import Executor, Step
 from .request_context import ErrorCode, RequestContext, RequestState
 from .responses import ErrorReply, Message, Reply, ResponseAssembler
 
 log = logging.getLogger(__name__)
+
+# First responses sent in a row while running requests wait; then a running request gets its turn.
+FIRSTS_PER_RUNNING = 1
 
 
 class Dispatcher:
@@ -51,9 +62,15 @@ class Dispatcher:
         self.running = True
         self.polling_allowed = True  # False once the executor failed: nobody waits on it again
         self._work = threading.Condition(threading.Lock())
-        self._ready: deque[RequestContext] = deque()
+        self._first: deque[RequestContext] = deque()  # ready, no response sent yet
+        self._running: deque[RequestContext] = deque()  # ready, responded before: round-robin
+        self._firsts_in_a_row = 0
         self._polling = False
-        self._threads = [threading.Thread(target=self._work_loop, name=f"worker-{i}", daemon=True) for i in range(workers)]
+        self.timing = DeliveryTiming()
+        self._threads = [
+            threading.Thread(target=self._work_loop, args=(self.timing.for_worker(),), name=f"worker-{i}", daemon=True)
+            for i in range(workers)
+        ]
 
     def start(self) -> None:
         for thread in self._threads:
@@ -68,6 +85,8 @@ class Dispatcher:
         for thread in self._threads:
             if thread.is_alive() and thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
+        if self.timing.period_s > 0:
+            self.timing.log_breakdown()
 
     def post(self, items: list[tuple[RequestContext, Step | ErrorReply]]) -> None:
         with self._work:
@@ -80,15 +99,25 @@ class Dispatcher:
         ctx.mailbox.append(item)
         if not ctx.scheduled:
             ctx.scheduled = True
-            # Requests still waiting for their first token go first, so that under load time to first token
-            # does not grow with the number of streams.
-            if ctx.first_token_ns:
-                self._ready.append(ctx)
-            else:
-                self._ready.appendleft(ctx)
+            self._queue(ctx)
+
+    def _queue(self, ctx: RequestContext) -> None:
+        """At the back of its queue (caller holds `_work`)."""
+        (self._running if ctx.responded else self._first).append(ctx)
+
+    def _next_ready(self) -> RequestContext | None:
+        """The request to deliver next, taking turns between the two queues (caller holds `_work`)."""
+        if self._first and (not self._running or self._firsts_in_a_row < FIRSTS_PER_RUNNING):
+            self._firsts_in_a_row += 1
+            return self._first.popleft()
+        self._firsts_in_a_row = 0
+        return self._running.popleft() if self._running else None
+
+    def ready_count(self) -> int:
+        return len(self._first) + len(self._running)
 
     # -- workers -----------------------------------------------------------------------------------------------
-    def _work_loop(self) -> None:
+    def _work_loop(self, times: PhaseTimes) -> None:
         while True:
             with self._work:
                 while True:
@@ -100,20 +129,22 @@ class Dispatcher:
                         self._polling = True
                         ctx = None
                         break
-                    if self._ready:
-                        ctx = self._ready.popleft()
+                    ctx = self._next_ready()
+                    if ctx is not None:
                         break
                     if not self.running:
                         return
                     self._work.wait()
             if ctx is None:
-                ctx = self._poll_once()
+                ctx = self._poll_once(times)
             if ctx is not None:
-                self._deliver_ready(ctx)
+                self._deliver_ready(ctx, times)
+                self.timing.maybe_log()
 
-    def _poll_once(self) -> RequestContext | None:
+    def _poll_once(self, times: PhaseTimes) -> RequestContext | None:
         """Wait on the executor once (this worker holds the poll role) and post what it returns; returns the
         first ready request, which this worker delivers itself (no thread hand-off on the way to Triton)."""
+        started = time.perf_counter_ns()
         try:
             steps = self.executor.await_steps(self.await_timeout_s)
             dead = None if steps else self.executor.health_error()
@@ -122,51 +153,65 @@ class Dispatcher:
         if dead is not None:
             self.polling_allowed = False  # first: no worker polls again
             self._executor_failed(dead)
-        routed = self._route(steps) if steps else []
+        routed = []
+        if steps:
+            times.polls += 1
+            routed = self._route(steps)
+            started = times.add("route", times.add("receive", started))
         with self._work:
             self._polling = False
             for ctx, step in routed:
                 self._post(ctx, step)
-            mine = self._ready.popleft() if routed and self._ready else None
+            mine = self._next_ready() if routed else None
             # Idle workers: one takes over the executor, the others take ready requests.
             if mine is not None:
-                self._work.notify(len(self._ready) + 1)
+                self._work.notify(self.ready_count() + 1)
         return mine
 
-    def _deliver_ready(self, ctx: RequestContext) -> None:
+    def _deliver_ready(self, ctx: RequestContext, times: PhaseTimes) -> None:
+        started = time.perf_counter_ns()
         with self._work:
             work, ctx.mailbox = ctx.mailbox, []
-        self.deliver(ctx, work)
+        times.add("queue_lock", started)
+        self.deliver(ctx, work, times)
+        started = time.perf_counter_ns()
         with self._work:
-            if ctx.mailbox:  # more arrived while sending: back of the queue, delivered in a later turn
-                self._ready.append(ctx)
+            if ctx.mailbox:  # more arrived while sending: back of its queue, delivered in its next turn
+                self._queue(ctx)
             else:
                 ctx.scheduled = False
+        times.add("queue_lock", started)
 
     # -- delivery ---------------------------------------------------------------------------------------------
-    def deliver(self, ctx: RequestContext, work: list) -> None:
+    def deliver(self, ctx: RequestContext, work: list, times: PhaseTimes | None = None) -> None:
+        times = times or PhaseTimes()
         # Under the request's lock: the cancel watch must never ask Triton about a request whose final response
         # is being sent (tritonserver 2.51 segfaults in ResponseFactoryIsCancelled after the final).
+        started = time.perf_counter_ns()
         with ctx.lock:
+            times.add("request_lock", started)
             if ctx.state is RequestState.ENDED:
                 return
-            failed = self._send_locked(ctx, work)
+            failed = self._send_locked(ctx, work, times)
             ended = ctx.state is RequestState.ENDED
         if ended:
             self._on_ended(ctx, failed)
 
-    def _send_locked(self, ctx: RequestContext, work: list) -> bool:
+    def _send_locked(self, ctx: RequestContext, work: list, times: PhaseTimes) -> bool:
         """Build and send; returns True when that failed (the request then ended early). Ends the request (ENDED)
         once a final response was sent or tried, whatever failed before it."""
         failure = next((w for w in work if isinstance(w, ErrorReply)), None)
         steps = [w for w in work if isinstance(w, Step)]
         final_tried = False
         try:
-            for message in self.assembler.messages(ctx, steps, failure):
+            for message in self.assembler.messages(ctx, steps, failure, times):
                 final_tried = message.final
                 if message.final:
+                    started = time.perf_counter_ns()
                     self._on_final_ready(ctx)
-                _send(ctx, message)
+                    times.add("metrics", started)
+                _send(ctx, message, times)
+                ctx.responded = True
             return False
         except Exception as exc:
             gone = _is_send_error(exc)
@@ -186,11 +231,18 @@ class Dispatcher:
                 ctx.state = RequestState.ENDED
 
 
-def _send(ctx: RequestContext, message: Message) -> None:
+def _send(ctx: RequestContext, message: Message, times: PhaseTimes | None = None) -> None:
+    started = time.perf_counter_ns()
     if isinstance(message, Reply):
-        ctx.stream.send(message.outputs, final=message.final)
+        building_ns = ctx.stream.send(message.outputs, final=message.final)
     else:
-        ctx.stream.send_error(message.code, message.message)
+        building_ns = ctx.stream.send_error(message.code, message.message)
+    if times is not None:
+        times.add("send", started)
+        times.responses += 1
+        if isinstance(building_ns, int):  # TritonStream says how long its tensor objects took: not the send's
+            times.ns["send"] -= building_ns
+            times.ns["triton_tensors"] += building_ns
 
 
 def _is_send_error(exc: Exception) -> bool:

@@ -71,6 +71,7 @@ class RequestContext:
     # is in the ready queue or being delivered (then it is not queued again).
     mailbox: list = field(default_factory=list)
     scheduled: bool = False
+    responded: bool = False  # a response was sent: the dispatcher queues it with the running requests
     # Changed under `lock`; once ENDED the stream must not be touched (see RequestState).
     state: RequestState = RequestState.ACCEPTED
     lock: threading.Lock = field(default_factory=threading.Lock)
