@@ -134,3 +134,25 @@ def test_trtllm_engine_fills_every_nvidia_family(tmp_path):
         assert done.value("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max", **LABELS) == 1024
     finally:
         server.stop()
+
+
+def test_a_final_response_does_not_wait_on_a_slow_engine_stats_call(tmp_path):
+    """The engine's stats call blocks 1 s (as LLM.get_stats waits its whole timeout when iteration stats are off): a
+    request that ends alone still gets its final response at once, and a scrape right after it counts the request."""
+    repository = fake_engine_repository(tmp_path)
+    env = {"FAKE_TRTLLM_STEP_MS": "2", "FAKE_TRTLLM_STATS_BLOCK_S": "1"}
+    server = start_server(tmp_path, executor="trtllm_engine", env=env, repository=repository)
+    reasons = ("stop", "length", "cancelled", "error", "timeout")
+    try:
+        run_requests(server, [(token_inputs([9, 2], 4), None)])  # the first request warms up the client and server
+        for i in range(2, 5):
+            started = time.monotonic()
+            run_requests(server, [(token_inputs([i, 2], 4), None)])
+            took = time.monotonic() - started
+            now = scrape(server.metrics_url)
+            assert sum(now.value("nv_llm_requests_finished_total", finish_reason=r, **LABELS) for r in reasons) == i
+            assert now.value("nv_llm_generation_tokens_total", **LABELS) == 4 * i
+            assert now.value("nv_llm_output_token_len_count", response_metric_type="total_output_tokens", **LABELS) == i
+            assert took < 0.5, f"request {i} took {took:.2f} s: its final response waited on the stats call"
+    finally:
+        server.stop()

@@ -469,3 +469,39 @@ def test_a_finished_request_is_in_the_histograms_long_before_the_stats_period():
         assert time.monotonic() - started < 1.0
     finally:
         metrics.stop()
+
+
+class SlowStats(StatsFeed):
+    """An executor whose stats call blocks (LLM.get_stats waits its whole timeout when iteration stats are off)."""
+
+    def __init__(self, block_s: float) -> None:
+        super().__init__()
+        self.block_s = block_s
+        self.calls = 0
+
+    def __call__(self) -> list[IterationStats]:
+        self.calls += 1
+        time.sleep(self.block_s)
+        return super().__call__()
+
+
+def test_a_final_response_never_waits_on_the_executors_stats_call():
+    # The stats call blocks 1 s and is under way nearly all the time (period 20 ms). The request is recorded by the
+    # time record_finished returns (its final response then leaves), with no wait on the stats call.
+    backend, stats = RecordingBackend(), SlowStats(1.0)
+    metrics = MetricsReporter(backend, stats, model="tensorrt_llm", version="1", period_s=0.02)
+    metrics.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not stats.calls and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert stats.calls, "the stats call never began"
+        started = time.monotonic()
+        metrics.record_finished(finished(prompt_len=3, tokens=16))
+        waited = time.monotonic() - started
+        assert backend.get(GENERATION_TOKENS).value == 16  # a scrape now counts the request
+        assert backend.get(REQUESTS_FINISHED, finish_reason="length").value == 1
+        assert backend.get(OUTPUT_TOKEN_LEN).observations == [16]
+        assert waited < 0.5, f"record_finished waited {waited:.3f} s"
+    finally:
+        metrics.stop()

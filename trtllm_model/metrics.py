@@ -4,9 +4,10 @@ Every metric call is an IPC round trip to the Triton server, so nothing here run
 tokens: the poller's `on_finished` hook (`MetricsReporter.record_finished`) appends a small record to a deque and
 wakes the metrics thread. It runs right before a request's final response is sent and waits (at most
 `FINAL_WAIT_S`) until the metrics thread has flushed that record: a scrape that follows the final response finds
-the request (NVIDIA's checks read the histograms right after the responses). The thread also wakes every
-`stats_check_period_ms`, reads the executor's iteration stats and the records, and makes the few metric calls
-that are needed:
+the request (NVIDIA's checks read the histograms right after the responses). That thread only records requests; it
+never calls the executor, so a final response never waits on an engine's stats call (`LLM.get_stats` waits its whole
+timeout when iteration stats are off). A second thread, `metrics-stats`, reads the executor's iteration stats every
+`stats_check_period_ms` and sets the gauges. Together they make the few metric calls that are needed:
 
 - gauges (NVIDIA's `nv_trt_llm_*` families) are set only when their value changed, so an idle server makes no
   metric calls at all;
@@ -233,6 +234,7 @@ class MetricsReporter:
         self._observed = 0  # ticket of the last record the flush observed (or dropped)
         self._observed_changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
+        self._stats_thread = threading.Thread(target=self._run_stats, name="metrics-stats", daemon=True)
         self._failures = 0
         self._drops = 0
         self._create_request_metrics()
@@ -278,13 +280,15 @@ class MetricsReporter:
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+        self._stats_thread.start()
 
     def stop(self) -> None:
         """Stop the thread, then flush once more so requests that ended during shutdown are counted."""
         self._stop.set()
         self._finished_event.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        for thread in (self._thread, self._stats_thread):
+            if thread.is_alive():
+                thread.join(timeout=10)
         self.flush(budget_s=FINAL_FLUSH_BUDGET_S)
 
     def _run(self) -> None:
@@ -295,7 +299,11 @@ class MetricsReporter:
             self._finished_event.wait(self.period_s)
             self._finished_event.clear()
             if not self._stop.is_set():
-                self.flush()
+                self._guarded(self._flush_records)
+
+    def _run_stats(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._guarded(self._flush_stats)
 
     # -- the metrics thread --------------------------------------------------------------------------------------------
     def flush(self, budget_s: float | None = None) -> None:
@@ -303,18 +311,29 @@ class MetricsReporter:
 
         Histogram observations get `budget_s` (default: one period); the rest wait for the next flush.
         """
+        self._guarded(self._flush_stats)
+        self._guarded(self._flush_records, budget_s)
+
+    def _guarded(self, flush: Callable[..., None], *args) -> None:
         try:
-            self._flush_gauges()
-            self._flush_open_requests()
-            records = self._drain()
-            self._count(records)  # first, and whole: counters stay exact even when histograms fall behind
-            self._unobserved.extend(records)
-            self._drop_overflow()
-            self._observe(time.monotonic() + (self.period_s if budget_s is None else budget_s))
+            flush(*args)
         except Exception:
             self._failures += 1
             if self._failures == 1 or self._failures % 1000 == 0:
                 log.exception("metrics flush failed (%d failures so far)", self._failures)
+
+    def _flush_stats(self) -> None:
+        """Gauges: the executor's latest iteration (a call into the engine) and the requests the model holds."""
+        self._flush_gauges()
+        self._flush_open_requests()
+
+    def _flush_records(self, budget_s: float | None = None) -> None:
+        """Finished requests: counters, then histograms within `budget_s`. No executor call."""
+        records = self._drain()
+        self._count(records)  # first, and whole: counters stay exact even when histograms fall behind
+        self._unobserved.extend(records)
+        self._drop_overflow()
+        self._observe(time.monotonic() + (self.period_s if budget_s is None else budget_s))
 
     def _flush_open_requests(self) -> None:
         if self.open_requests is None:

@@ -98,6 +98,8 @@ class FakeEngine:
         self.keep_stats = max_stats > 0
         self._on_update = on_update
         self._step_s = float(os.environ.get("FAKE_TRTLLM_STEP_MS", "2")) / 1000.0
+        # A stats call that blocks (the real LLM.get_stats waits its whole timeout when iteration stats are off).
+        self.stats_block_s = float(os.environ.get("FAKE_TRTLLM_STATS_BLOCK_S", "0"))
         fail = os.environ.get("FAKE_TRTLLM_FAIL_TOKEN", "")
         self._fail_token = int(fail) if fail else None
         fatal = os.environ.get("FAKE_TRTLLM_FATAL_TOKEN", "")

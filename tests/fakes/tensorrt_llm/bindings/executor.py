@@ -725,6 +725,7 @@ class Executor:
 
     # -- stats and lifetime ----------------------------------------------------------------------------------
     def get_latest_iteration_stats(self) -> list[IterationStats]:
+        time.sleep(self._engine.stats_block_s)
         with self._engine.cond:
             raw, stats = list(self._engine.stats), []
             self._engine.stats.clear()

@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import json
 import queue
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -350,6 +351,7 @@ class LLM:
 
     def get_stats(self, timeout: float) -> list[dict]:
         """Iteration stats since the last call, as the runtime's JSON dicts (camelCase keys)."""
+        time.sleep(min(timeout, self._engine.stats_block_s))
         if not self._submitted:
             print("Iteration statistics are not available yet. Call get_stats() after prompts have been submitted.")
             return []
