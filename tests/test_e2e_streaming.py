@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import urllib.request
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from conftest import start_server
 from triton_client import StreamClient, stream_once, text_inputs, token_inputs
 
 from trtllm_model.executors.synthetic import synthetic_token
@@ -159,3 +161,43 @@ def test_ensemble_generate_stream_over_http(synthetic_server):
     assert status == 200, body
     events = [json.loads(line[len("data: "):]) for line in body.splitlines() if line.startswith("data: ")]
     assert "".join(event["text_output"] for event in events) == "cdef"
+
+
+@pytest.mark.parametrize("model", ["tensorrt_llm", "ensemble"])
+def test_a_response_carries_only_the_outputs_its_request_asked_for(tmp_path, model):
+    """tritonclient asks for text_output alone, on a request that also returns log probs and the finish reason. The
+    model builds only the outputs Triton asks it for (the delivery timers count them; TRTLLM_DELIVERY_TIMING_S makes
+    the model log them at shutdown): asked directly, one per response. Triton 2.51's ensemble asks its step for every
+    output in its output_map whatever its own client asked for, so through `ensemble` all three are built (and the
+    finish reason with the final): what the ensemble's client does not want is dropped by Triton, not here."""
+    server = start_server(tmp_path, executor="synthetic", env={"TRTLLM_DELIVERY_TIMING_S": "3600"})
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        received, finished = [], threading.Event()
+
+        def callback(result, error):
+            received.append(error or result)
+            if error or result.get_response().parameters["triton_final_response"].bool_param:
+                finished.set()
+
+        client.start_stream(callback=callback)
+        inputs = text_inputs("hi", 8, return_log_probs=(True, np.bool_), return_finish_reason=(True, np.bool_))
+        client.async_stream_infer(model, inputs, request_id="a", enable_empty_final_response=True,
+                                  outputs=[grpcclient.InferRequestedOutput("text_output")])
+        assert finished.wait(30)
+        client.stop_stream()
+        client.close()
+        assert all(not isinstance(r, Exception) for r in received), received
+        texts = [r.as_numpy("text_output") for r in received]
+        assert "".join(t[0].decode() for t in texts if t is not None) == "jklmnopq"
+        assert all(r.as_numpy("cum_log_probs") is None for r in received)  # Triton drops what was not asked for
+    finally:
+        server.stop()
+    lines = re.findall(r"delivery timing over .*", server.log())
+    assert lines, "no delivery timing line in the server log"
+    found = re.search(r"([0-9.]+) outputs/response", lines[-1])
+    assert found is not None, lines[-1]
+    if model == "tensorrt_llm":
+        assert float(found.group(1)) == 1.0, lines[-1]
+    else:
+        assert float(found.group(1)) > 3.0, lines[-1]

@@ -26,12 +26,13 @@ log = logging.getLogger("trtllm_model.delivery_timing")
 class PhaseTimes:
     """One worker's cumulative nanoseconds per phase, plus what they were spent on."""
 
-    __slots__ = ("ns", "responses", "tokens", "polls")
+    __slots__ = ("ns", "responses", "tokens", "outputs", "polls")
 
     def __init__(self) -> None:
         self.ns = dict.fromkeys(PHASES, 0)
         self.responses = 0
         self.tokens = 0
+        self.outputs = 0  # output tensors sent (where the stream tells)
         self.polls = 0
 
     def add(self, phase: str, since_ns: int) -> int:
@@ -64,12 +65,13 @@ class DeliveryTiming:
     def totals(self) -> dict[str, float]:
         """Seconds per phase and the counts, summed over the workers (a read racing a worker may be a step old)."""
         out: dict[str, float] = {phase: 0.0 for phase in PHASES}
-        out.update(responses=0, tokens=0, polls=0)
+        out.update(responses=0, tokens=0, outputs=0, polls=0)
         for times in list(self._workers):
             for phase, ns in times.ns.items():
                 out[phase] += ns / 1e9
             out["responses"] += times.responses
             out["tokens"] += times.tokens
+            out["outputs"] += times.outputs
             out["polls"] += times.polls
         return out
 
@@ -91,7 +93,8 @@ def breakdown_line(delta: dict[str, float], seconds: float) -> str:
     responses = max(1, int(delta["responses"]))
     phases = " ".join(f"{phase}={delta[phase] / responses * 1e6:.1f}" for phase in PHASES)
     return (f"delivery timing over {seconds:.1f} s: {delta['responses'] / max(seconds, 1e-9):.0f} responses/s, "
-            f"{delta['tokens'] / responses:.2f} tokens/response, {delta['polls']:.0f} polls; us per response: {phases}")
+            f"{delta['tokens'] / responses:.2f} tokens/response, {delta['outputs'] / responses:.2f} outputs/response, "
+            f"{delta['polls']:.0f} polls; us per response: {phases}")
 
 
 def _period_from_env() -> float:

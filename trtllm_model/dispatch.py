@@ -234,15 +234,16 @@ class Dispatcher:
 def _send(ctx: RequestContext, message: Message, times: PhaseTimes | None = None) -> None:
     started = time.perf_counter_ns()
     if isinstance(message, Reply):
-        building_ns = ctx.stream.send(message.outputs, final=message.final)
+        built = ctx.stream.send(message.outputs, final=message.final)
     else:
-        building_ns = ctx.stream.send_error(message.code, message.message)
+        built = ctx.stream.send_error(message.code, message.message)
     if times is not None:
         times.add("send", started)
         times.responses += 1
-        if isinstance(building_ns, int):  # TritonStream says how long its tensor objects took: not the send's
-            times.ns["send"] -= building_ns
-            times.ns["triton_tensors"] += building_ns
+        if isinstance(built, tuple):  # TritonStream: (ns building its tensor objects, tensors): not the send's
+            times.ns["send"] -= built[0]
+            times.ns["triton_tensors"] += built[0]
+            times.outputs += built[1]
 
 
 def _is_send_error(exc: Exception) -> bool:

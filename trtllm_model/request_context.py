@@ -34,8 +34,9 @@ class RequestState(enum.Enum):
 class ResponseStream(Protocol):
     """Where a request's responses go (a Triton response sender in production, a list in unit tests)."""
 
-    def send(self, outputs: dict[str, np.ndarray] | None, final: bool) -> None:
-        """Send one response (None = flag-only); raises if the stream is gone."""
+    def send(self, outputs: dict[str, np.ndarray] | None, final: bool) -> object:
+        """Send one response (None = flag-only); raises if the stream is gone. May return (ns, tensors) spent
+        building the response's own tensor objects, for the delivery timers."""
 
     def send_error(self, code: ErrorCode, message: str) -> None:
         """Send an error response that is also the final one."""

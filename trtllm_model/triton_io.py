@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -58,22 +59,31 @@ def unload_check(name: str) -> Callable[[], bool]:
 class TritonStream:
     """A request's response sender, behind the poller's ResponseStream protocol."""
 
-    __slots__ = ("_request", "_sender", "_forwarded", "_started")
+    __slots__ = ("_request", "_sender", "_forwarded", "_started", "_wanted")
 
     def __init__(self, request) -> None:
         self._request = request
         self._sender = request.get_response_sender()
         self._forwarded = request.request_id().startswith(FORWARDED_ID_PREFIX)
         self._started = False  # a response was sent
+        # The outputs the client asked for (none named: all of them); Triton drops the others, so they are not built.
+        wanted = request.requested_output_names()
+        self._wanted = frozenset(wanted) if wanted else None
 
-    def send(self, outputs: dict[str, np.ndarray] | None, final: bool) -> None:
+    def send(self, outputs: dict[str, np.ndarray] | None, final: bool) -> tuple[int, int]:
+        """Send one response; returns (nanoseconds spent building Triton's tensors, tensors sent) for the timers."""
         flags = _FINAL if final else 0
         self._started = True
         if outputs is None:
             self._sender.send(flags=flags)
-            return
-        tensors = [pb_utils.Tensor(name, array) for name, array in outputs.items()]
-        self._sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
+            return 0, 0
+        started = time.perf_counter_ns()
+        wanted = self._wanted
+        tensors = [pb_utils.Tensor(name, array) for name, array in outputs.items() if wanted is None or name in wanted]
+        response = pb_utils.InferenceResponse(output_tensors=tensors)
+        built = time.perf_counter_ns() - started
+        self._sender.send(response, flags=flags)
+        return built, len(tensors)
 
     def send_error(self, code: ErrorCode, message: str) -> None:
         response = pb_utils.InferenceResponse(error=triton_error(code, message))
