@@ -12,9 +12,9 @@ from trtllm_model.embedded.block_manager import TRASH_BLOCK, BlockManager, Block
 BLOCK = 4
 
 
-def admitted(manager: BlockManager, tokens: list[int], max_tokens: int = 0) -> BlockTable:
+def admitted(manager: BlockManager, tokens: list[int]) -> BlockTable:
     """Allocate as the scheduler does and mark the prompt computed, as the engine does after its prefill."""
-    table = manager.allocate(tokens, len(tokens), len(tokens) + max_tokens)
+    table = manager.allocate(tokens, len(tokens))
     assert table is not None
     manager.register_full_blocks(table, tokens, len(tokens))
     return table
@@ -58,8 +58,8 @@ def test_the_last_prompt_token_is_always_computed():
 def test_blocks_are_findable_only_once_registered_and_reuse_can_be_off():
     manager = BlockManager(num_blocks=10, block_size=BLOCK)
     prompt = list(range(9))
-    manager.allocate(prompt, len(prompt), len(prompt))  # admitted, not prefilled yet
-    assert manager.allocate(prompt, len(prompt), len(prompt)).reused_blocks == 0
+    manager.allocate(prompt, len(prompt))  # admitted, not prefilled yet
+    assert manager.allocate(prompt, len(prompt)).reused_blocks == 0
 
     off = BlockManager(num_blocks=10, block_size=BLOCK, enable_reuse=False)
     admitted(off, prompt)
@@ -68,7 +68,7 @@ def test_blocks_are_findable_only_once_registered_and_reuse_can_be_off():
 
 
 def admitted_salted(manager: BlockManager, tokens: list[int], salt: str | None) -> BlockTable:
-    table = manager.allocate(tokens, len(tokens), len(tokens), salt=salt)
+    table = manager.allocate(tokens, len(tokens), salt=salt)
     assert table is not None
     manager.register_full_blocks(table, tokens, len(tokens))
     return table
@@ -126,15 +126,16 @@ def test_block_keys_are_digests_of_parent_tokens_and_salt():
                 key(None, (1, 2, 3, 4), "b")}) == 5
 
 
-def test_admission_reserves_the_whole_life_and_decoding_draws_from_it():
-    manager = BlockManager(num_blocks=6, block_size=BLOCK)
-    table = admitted(manager, [1, 2, 3], max_tokens=13)  # 16 tokens: 4 blocks, 1 drawn now
-    assert len(table.block_ids) == 1 and manager.free_blocks == 2
-    assert manager.allocate([5, 6, 7], 3, 3 + 10) is None  # needs 4 of the 2 left: waits, nothing taken
-    assert manager.free_blocks == 2
-    manager.ensure_slots(table, 16)
-    assert len(table.block_ids) == 4 and manager.free_blocks == 2
-    assert manager.can_ever_fit(24) and not manager.can_ever_fit(25)
+def test_admission_takes_what_the_prompt_needs_and_decoding_grows_until_the_pool_is_out():
+    manager = BlockManager(num_blocks=4, block_size=BLOCK)
+    table = admitted(manager, [1, 2, 3])  # one block now, nothing set aside for what it may generate
+    assert len(table.block_ids) == 1 and manager.free_blocks == 3
+    assert manager.allocate([5, 6, 7], 3, spare_blocks=3) is None and manager.free_blocks == 3  # keeps 3 spare
+    assert manager.grow(table, 16) and len(table.block_ids) == 4 and manager.free_blocks == 0
+    assert not manager.grow(table, 17) and len(table.block_ids) == 4
+    manager.free(table)
+    assert manager.free_blocks == 4
+    assert manager.can_ever_fit(16) and not manager.can_ever_fit(17)
 
 
 def test_free_cached_blocks_are_evicted_least_recently_used_only_when_blank_ones_run_out():
@@ -157,7 +158,7 @@ def test_free_cached_blocks_are_evicted_least_recently_used_only_when_blank_ones
 def test_a_held_block_is_never_evicted():
     manager = BlockManager(num_blocks=3, block_size=BLOCK)
     holder = admitted(manager, [1] * 5)
-    assert manager.allocate([2] * 9, 9, 9) is None  # 3 blocks, 1 free: the held ones are not candidates
+    assert manager.allocate([2] * 9, 9) is None  # 3 blocks, 1 free: the held ones are not candidates
     assert [manager.blocks[b].ref_count for b in holder.block_ids] == [1, 1]
     sharer = admitted(manager, [1] * 4 + [7])  # shares the held full block, needs one more
     assert sharer.block_ids[0] == holder.block_ids[0]
@@ -167,14 +168,14 @@ def test_a_held_block_is_never_evicted():
 @given(st.lists(st.tuples(st.sampled_from(["add", "grow", "free"]), st.integers(0, 7), st.integers(1, 14)),
                 max_size=60))
 def test_counts_stay_consistent_under_any_sequence_of_operations(operations):
-    """Reference counts equal the tables holding a block; free + held + reserved = the pool; a cached key points at
+    """Reference counts equal the tables holding a block; free + held = the pool; a cached key points at
     a block with exactly its tokens; no block is in two free lists or held and free at once."""
     manager = BlockManager(num_blocks=12, block_size=BLOCK)
     tables: list[tuple[BlockTable, list[int], int]] = []  # table, its tokens, its lifetime
     for kind, pick, size in operations:
         if kind == "add":
             tokens = [pick % 3] * 4 + [pick] * size  # prompts that share, or not, a first block
-            table = manager.allocate(tokens, len(tokens), len(tokens) + 6)
+            table = manager.allocate(tokens, len(tokens))
             if table is not None:
                 manager.register_full_blocks(table, tokens, len(tokens))
                 tables.append((table, tokens, len(tokens) + 6))
@@ -182,7 +183,8 @@ def test_counts_stay_consistent_under_any_sequence_of_operations(operations):
             table, tokens, life = tables[pick % len(tables)]
             if len(tokens) < life:
                 tokens.append(pick)
-                manager.ensure_slots(table, len(tokens))
+                if not manager.grow(table, len(tokens)):
+                    tokens.pop()  # the pool is out of blocks (the scheduler would preempt someone)
                 manager.register_full_blocks(table, tokens, len(tokens) - 1)
         elif tables:
             table, _, _ = tables.pop(pick % len(tables))
@@ -196,8 +198,7 @@ def test_counts_stay_consistent_under_any_sequence_of_operations(operations):
         free_ids = list(manager._blank) + list(manager._cached_free)
         assert len(set(free_ids)) == len(free_ids) and not set(free_ids) & set(holders)
         assert TRASH_BLOCK not in free_ids and TRASH_BLOCK not in holders
-        reserved = sum(table.reserved for table, _, _ in tables)
-        assert len(free_ids) + len(holders) == manager.num_blocks and manager.free_blocks == len(free_ids) - reserved
+        assert len(free_ids) + len(holders) == manager.num_blocks and manager.free_blocks == len(free_ids)
         assert manager.free_blocks >= 0
         for key, block_id in manager._by_key.items():
             assert manager.blocks[block_id].key == key and len(manager.blocks[block_id].token_ids) == BLOCK

@@ -35,42 +35,45 @@ def scheduler(num_blocks: int, max_batch_size: int = 8, max_num_tokens: int = 10
     return Scheduler(SchedulerLimits(max_batch_size, max_num_tokens), BlockManager(num_blocks, BLOCK))
 
 
-def test_admission_reserves_each_requests_own_life_in_blocks():
-    """A request reserves the blocks of its prompt + max_tokens: two of 10+30 (10 blocks each) fill 20 blocks, a
-    third waits until one ends. (The contiguous cache reserved rows x the longest life instead.)"""
-    queue = scheduler(num_blocks=22)
-    first, second, third = sequence(1, 10, 30), sequence(2, 10, 30, 100), sequence(3, 5, 7, 200)
+def test_admission_takes_only_the_blocks_a_prompt_needs_now():
+    """Three requests of 10 + 30 tokens take 3 blocks each (nothing set aside for max_tokens, issue 33): all run.
+    A prompt that does not fit waits, and holds back the ones behind it (first come, first served)."""
+    queue = scheduler(num_blocks=12)
+    first, second, third = sequence(1, 10, 30), sequence(2, 10, 30, 100), sequence(3, 10, 30, 200)
     for each in (first, second, third):
         queue.add(each)
     running = queue.admit([])
-    assert running == [first, second] and queue.blocks.free_blocks == 2
-    assert queue.admit(running) == []  # needs 3
-    queue.blocks.free(first.blocks)
-    running.remove(first)
-    assert queue.admit(running) == [third]
-    short = sequence(4, 2, 2, 300)  # 1 block beside a long one: fits where rows x longest would not
-    queue.add(short)
-    assert queue.admit(running) == [short]
-
-
-def test_a_long_request_holds_back_the_short_ones_behind_it_fifo():
-    queue = scheduler(num_blocks=25)
-    short = sequence(1, 5, 5)
-    queue.add(short)
-    assert queue.admit([]) == [short]
-    long, later = sequence(2, 20, 80, 100), sequence(3, 5, 5, 200)
+    assert running == [first, second, third] and queue.blocks.free_blocks == 3
+    for each in running:
+        queue.prefilled(each)  # as the engine does once their prompts are computed
+    long, later = sequence(4, 20, 5, 300), sequence(5, 2, 2, 400)
     queue.add(long)
     queue.add(later)
-    assert queue.admit([short]) == []  # 25 blocks needed, 22 free; `later` would fit but waits its turn
-    queue.blocks.free(short.blocks)
-    assert queue.admit([]) == [long]
+    assert queue.admit(running) == []  # 5 blocks needed, 3 free; `later` would fit but waits its turn
+    queue.blocks.free(first.blocks)
+    assert queue.admit([second, third]) == [long, later]
+
+
+def test_when_the_pool_runs_out_the_newest_sequence_is_preempted_and_queued_first():
+    queue = scheduler(num_blocks=4)
+    old, new = sequence(1, 7, 30), sequence(2, 8, 30, 100)
+    queue.add(old)
+    queue.add(new)
+    running = queue.admit([])
+    for each in running:
+        queue.prefilled(each)
+        each.num_computed = len(each.token_ids)
+        each.token_ids.append(5)  # its first output token, fed by the next decode step
+    assert queue.make_room_for_decode(running) == [old]  # old needs a third block: new gives its two back
+    assert list(queue.waiting) == [new] and new.blocks is None and new.num_computed == 0
+    assert queue.preemptions == 1 and queue.blocks.free_blocks == 2
 
 
 def test_a_cached_prefix_costs_no_prefill_tokens():
     """max_num_tokens counts what the prefill computes: a prompt whose first 8 tokens are cached needs 4 of 12."""
     queue = scheduler(num_blocks=20, max_num_tokens=5)
     warm = sequence(1, 12, 1)
-    queue.blocks.register_full_blocks(queue.blocks.allocate(warm.token_ids, 12, 13), warm.token_ids, 12)
+    queue.blocks.register_full_blocks(queue.blocks.allocate(warm.token_ids, 12), warm.token_ids, 12)
     queue.add(sequence(2, 12, 1))
     (again,) = queue.admit([])
     assert again.num_computed == 8 and again.prefill_len == 4
@@ -125,20 +128,23 @@ def test_a_request_that_could_never_fit_is_refused_at_enqueue(loaded):
         executor.shutdown()
 
 
-def test_requests_beyond_the_budget_wait_and_all_complete(loaded):
-    """Budget 6 blocks; each request lives to 3 + 30 tokens (3 blocks): two at once, the others wait."""
+def test_requests_beyond_the_budget_preempt_each_other_and_all_complete(loaded):
+    """Budget 6 blocks; each request lives to 3 + 30 tokens (3 blocks): all four start at once (one block each), the
+    pool runs out as they grow, the newest are preempted and recomputed; each gets the tokens it gets alone."""
     executor = new_executor(loaded, kv_cache_memory_bytes=slots(loaded, 100))
     try:
         requests = [GenerationRequest(input_ids=[1, 504, 3575 + i], max_tokens=30, min_tokens=30) for i in range(4)]
+        alone = [tokens_of(run_all(executor, [request])[0]) for request in requests]
+        executor.iteration_stats()
         results = run_all(executor, requests)
-        assert [len(tokens_of(steps)) for steps in results] == [30] * 4
+        assert [tokens_of(steps) for steps in results] == alone
         assert all(steps[-1].finish_reason is FinishReason.LENGTH for steps in results)
         stats = executor.iteration_stats()
-        assert max(s.active_requests for s in stats) == 2
-        assert max(s.queued_requests for s in stats) >= 1
+        assert max(s.active_requests for s in stats) == 4 and executor.engine.scheduler.preemptions > 0
         assert {s.kv_cache.max_blocks for s in stats} == {6} and {s.kv_cache.tokens_per_block for s in stats} == {16}
-        assert max(s.kv_cache.used_blocks for s in stats) == 6  # 2 requests x 3 blocks reserved
+        assert max(s.kv_cache.used_blocks for s in stats) == 6
         assert all(s.kv_cache.free_blocks == 6 - s.kv_cache.used_blocks for s in stats)
+        assert executor.engine.blocks.free_blocks == 6  # nothing leaked
         assert executor.runner.pool.num_blocks == 6 + 1  # the pool never grows: the budget + the trash block
     finally:
         executor.shutdown()

@@ -11,9 +11,9 @@ another's keys and values. Blocks are reference counted: a shared block is freed
 go; a freed block that carries a key stays findable until the pool runs out of blank blocks, and then the least
 recently used of them is evicted (its key forgotten, its memory handed out again).
 
-A sequence reserves at admission every block it can ever need (prompt + max_tokens): the engine has no
-preemption, so a running sequence must never find the pool empty. Blocks it will fill while decoding are drawn
-from that reservation.
+A sequence gets at admission the blocks its tokens need now (`allocate`), and one more each time its decoding
+crosses a block boundary (`grow`). When `grow` finds the pool empty the scheduler preempts a sequence (frees its
+blocks; it is recomputed later): nothing is reserved for what a request may generate one day.
 
 Block 0 is never handed out: padding tokens of a step write there (a dump that keeps the writes branch-free and
 the step's shapes static).
@@ -47,7 +47,6 @@ class BlockTable:
     """One sequence's blocks, in order of position, and what its admission found."""
 
     block_ids: list[int] = field(default_factory=list)
-    reserved: int = 0  # blocks it may still draw for decoding
     cached_tokens: int = 0  # prompt tokens whose keys and values were found in the pool (not prefilled)
     reused_blocks: int = 0
     missed_blocks: int = 0  # full prompt blocks looked up and not found
@@ -81,7 +80,6 @@ class BlockManager:
         self._blank: list[int] = list(range(num_blocks, TRASH_BLOCK, -1))
         self._cached_free: OrderedDict[int, None] = OrderedDict()  # free blocks with a key, least recent first
         self._by_key: dict[bytes, int] = {}
-        self._reserved = 0  # blocks promised to running sequences, not drawn yet
         self.high_water = 1  # blocks [0, high_water) have been handed out at least once
         # Totals since start (TensorRT-LLM's KvCacheStats counts the same way).
         self.total_reused = 0
@@ -95,8 +93,8 @@ class BlockManager:
 
     @property
     def free_blocks(self) -> int:
-        """Blocks no running sequence holds or has reserved (cached free blocks count: they can be evicted)."""
-        return len(self._blank) + len(self._cached_free) - self._reserved
+        """Blocks no sequence holds (cached free blocks count: they can be evicted)."""
+        return len(self._blank) + len(self._cached_free)
 
     @property
     def cached_free_blocks(self) -> int:
@@ -124,22 +122,14 @@ class BlockManager:
         return matches
 
     def allocate(
-        self,
-        token_ids: list[int],
-        prompt_len: int,
-        lifetime_tokens: int,
-        max_prefill_tokens: int | None = None,
-        salt: str | None = None,
+        self, token_ids: list[int], prompt_len: int, salt: str | None = None, spare_blocks: int = 0
     ) -> BlockTable | None:
-        """Blocks for a prompt (shared where cached under the same salt) plus a reservation up to `lifetime_tokens`;
-        None when the pool cannot hold it now, or its uncached rest is over `max_prefill_tokens` (nothing changes
-        then)."""
+        """Blocks for the first `prompt_len` tokens (shared where cached under the same salt); None when the pool
+        cannot hold them and still keep `spare_blocks` free (nothing changes then)."""
         matches = self._prefix_matches(token_ids, prompt_len, salt)
-        if max_prefill_tokens is not None and prompt_len - len(matches) * self.block_size > max_prefill_tokens:
-            return None
-        total = self.blocks_for(lifetime_tokens)
+        total = self.blocks_for(prompt_len)
         revived = sum(1 for block_id, _ in matches if self.blocks[block_id].ref_count == 0)
-        if total - len(matches) + revived > self.free_blocks:
+        if total - len(matches) + revived + spare_blocks > self.free_blocks:
             return None
         table = BlockTable(salt=salt)
         for block_id, key in matches:
@@ -153,9 +143,7 @@ class BlockManager:
         table.cached_tokens = len(matches) * self.block_size
         if self.enable_reuse:
             table.missed_blocks = prompt_len // self.block_size - len(matches)
-        self._reserved += total - len(matches)
-        table.reserved = total - len(matches)
-        for _ in range(self.blocks_for(prompt_len) - len(matches)):
+        for _ in range(total - len(matches)):
             self._draw(table)
         self.total_reused += table.reused_blocks
         self.total_missed += table.missed_blocks
@@ -165,10 +153,13 @@ class BlockManager:
         return self.blocks_for(lifetime_tokens) <= self.num_blocks
 
     # -- while running ---------------------------------------------------------------------------------------------
-    def ensure_slots(self, table: BlockTable, tokens: int) -> None:
-        """Blocks for the first `tokens` positions (drawn from the reservation)."""
+    def grow(self, table: BlockTable, tokens: int) -> bool:
+        """Blocks for the first `tokens` positions; False when the pool ran out first."""
         while len(table.block_ids) * self.block_size < tokens:
+            if not self.free_blocks:
+                return False
             self._draw(table)
+        return True
 
     def register_full_blocks(self, table: BlockTable, token_ids: list[int], computed_tokens: int) -> None:
         """Make the full blocks among the first `computed_tokens` positions (their keys and values written) findable
@@ -193,9 +184,7 @@ class BlockManager:
             table.last_key = key
 
     def free(self, table: BlockTable) -> None:
-        """Let go of a sequence's blocks and what is left of its reservation (idempotent)."""
-        self._reserved -= table.reserved
-        table.reserved = 0
+        """Let go of a sequence's blocks (idempotent)."""
         # Last blocks first: in the LRU a chain's tail is then evicted before its head, which later prompts need.
         for block_id in reversed(table.block_ids):
             block = self.blocks[block_id]
@@ -208,9 +197,6 @@ class BlockManager:
         table.block_ids = []
 
     def _draw(self, table: BlockTable) -> None:
-        assert table.reserved > 0, "a sequence drew more blocks than it reserved"
-        table.reserved -= 1
-        self._reserved -= 1
         if self._blank:
             block_id = self._blank.pop()
         else:  # no blank block left: evict the least recently used cached one

@@ -4,7 +4,10 @@ samples, and publishes the new tokens as steps. Callers talk to it through `subm
 Requests join and leave only between iterations (in-flight batching): a request that finishes or is cancelled
 frees its KV blocks at once, and a new one is prefilled at the next iteration instead of waiting for the batch to
 drain. Keys and values live in a block pool (`kv_cache`, `block_manager`): a prompt whose leading full blocks are
-cached is prefilled only from the first uncached token (`enable_kv_cache_reuse`).
+cached is prefilled only from the first uncached token (`enable_kv_cache_reuse`). The scheduler decides who runs:
+it grows the decoding sequences' blocks, preempts the newest when the pool runs out (recomputed later), and hands
+out prefill chunks within the step's token budget; a sequence whose chunk ends its prompt samples its first token
+and decodes from the next iteration on.
 
 A failure the engine can pin on one request (its prefill, retried alone when it was part of a group; its sampling,
 retried row by row; its context logits) fails that request with an error step and frees its blocks; the batch
@@ -184,30 +187,28 @@ class Engine:
         for sequence in incoming:
             self.scheduler.add(sequence)
         self._publish(self._end_cancelled_and_expired(cancels, started))
+        self.running = self.scheduler.make_room_for_decode(self.running)  # preempted ones wait again
         admitted = self.scheduler.admit(self.running)
         context_tokens = sum(sequence.prefill_len for sequence in admitted)  # what the prefills compute
         decoded, joined = len(self.running), len(admitted)
         joining, admitted = self._prefills_in_decode(admitted)
         lap = self._lap("schedule", lap)
         if self.running or joining:
-            for sequence in self.running:  # a slot for the token fed now, drawn from the sequence's reservation
-                self.blocks.ensure_slots(sequence.blocks, len(sequence.token_ids))
             self.runner.pool.zero_up_to(self.blocks.high_water)
             logits, prefilled = self._decode(joining)
             if not prefilled:  # none, or their forward failed: they are prefilled apart below
                 admitted = [*joining, *admitted]
             for sequence in self.running:
                 self._computed(sequence, len(sequence.token_ids))
-            for sequence in prefilled:
-                self._computed(sequence, sequence.prompt_len)
             lap = self._lap("decode", lap)
             if logits is not None:
-                sampled = self._sample([*self.running, *prefilled], logits)
-                lap = self._lap("sample", lap)
                 decoding = len(self.running)
+                logits, done = self._prompts_done(prefilled, logits, decoding)
+                sampled = self._sample([*self.running, *done], logits)
+                lap = self._lap("sample", lap)
                 steps = self._accept(self.running, logits[:decoding], sampled[:decoding])
-                steps += self._accept(prefilled, logits[decoding:], sampled[decoding:], prefill=True)
-                self.running.extend(prefilled)
+                steps += self._accept(done, logits[decoding:], sampled[decoding:], prefill=True)
+                self.running.extend(done)
                 self._publish(steps)
                 lap = self._lap("accept", lap)
         for group in prefill_groups(admitted):
@@ -249,9 +250,26 @@ class Engine:
                 log.warning("decode step with %d prompts failed (%s); they are prefilled apart", len(joining), exc)
         return (self.runner.decode(self.running) if self.running else None), []
 
+    def _prompts_done(
+        self, prefilled: list[Sequence], logits: torch.Tensor, decoding: int
+    ) -> tuple[torch.Tensor, list[Sequence]]:
+        """Mark the chunks computed; (the logits of the decoding rows and of the prompts now complete, those prompts).
+        A prompt with chunks to go has no token to sample yet."""
+        done = []
+        for sequence in prefilled:
+            self._computed(sequence, sequence.prefill_end)
+            if sequence.num_computed == len(sequence.token_ids):
+                self.scheduler.prefilled(sequence)
+                done.append(sequence)
+        if len(done) < len(prefilled):
+            complete = [s.num_computed == len(s.token_ids) for s in prefilled]
+            rows = [*range(decoding), *(decoding + i for i, ends in enumerate(complete) if ends)]
+            logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+        return logits, done
+
     def _end_cancelled_and_expired(self, cancels: set[int], now: float) -> list[Step]:
         steps = []
-        for sequence in [*self.scheduler.waiting, *self.running]:
+        for sequence in [*self.scheduler.waiting, *self.scheduler.prefilling, *self.running]:
             if sequence.request_id in cancels:
                 sequence.finish(FinishReason.CANCELLED)
             elif sequence.deadline is not None and now >= sequence.deadline:
@@ -259,7 +277,8 @@ class Engine:
             else:
                 continue
             steps.append(sequence.step([]))
-        self.scheduler.remove_finished()
+        for sequence in self.scheduler.remove_finished():
+            self._release(sequence)
         self._release_finished()
         return steps
 
@@ -272,16 +291,16 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - whose it was is found out below
             if len(group) == 1:
                 self._publish([self._fail(group[0], "prefill", exc)])
+                self.scheduler.prefilled(group[0])
                 self._release(group[0])
                 return
             log.warning("prefill of %d requests failed (%s); each is tried alone", len(group), exc)
             for sequence in group:
                 self._prefill([sequence])
             return
-        for sequence in group:
-            self._computed(sequence, sequence.prompt_len)
-        self.running.extend(group)
-        self._publish(self._accept(group, logits, self._sample(group, logits), prefill=True))
+        logits, done = self._prompts_done(group, logits, 0)
+        self.running.extend(done)
+        self._publish(self._accept(done, logits, self._sample(done, logits), prefill=True))
 
     def _computed(self, sequence: Sequence, tokens: int) -> None:
         """The keys and values of the sequence's first `tokens` tokens are written: its full blocks become shareable."""
@@ -291,6 +310,7 @@ class Engine:
     def _release(self, sequence: Sequence) -> None:
         if sequence.blocks is not None:
             self.blocks.free(sequence.blocks)
+            sequence.blocks = None
 
     def _sample(self, sequences: list[Sequence], logits: torch.Tensor) -> list[tuple[int, float | None] | None]:
         """(token, log prob) per row; all None when the batch failed (each row is then sampled alone in _accept)."""
@@ -325,11 +345,12 @@ class Engine:
                           "every token")
             step.client_error = True
             return step
+        first = sequence.num_output == 0  # not a resumed sequence's prefill
         step = sequence.accept(token, log_prob, self.runner.max_positions)
         # Logits only for requests that asked (NVIDIA's return_*_logits): the copies cost a vocabulary each.
         if sequence.want_generation_logits and step.token_ids:
             step.generation_logits = logits.float().cpu().numpy()[None, None]  # [beams, tokens, vocab]
-        if prefill and sequence.want_context_logits:
+        if prefill and first and sequence.want_context_logits:
             step.context_logits = self.runner.prompt_logits(sequence.token_ids[: sequence.prompt_len])
         return step
 
@@ -369,8 +390,8 @@ class Engine:
             context_tokens=context_tokens,
             tokens_in_step=decoded + context_tokens,
             gpu_mem_bytes=gpu_bytes,
-            # used = blocks the running requests hold or have reserved to their ends (what admission weighs a new
-            # request against); free includes cached blocks nobody holds (they are evicted when needed).
+            # used = blocks the admitted requests hold; free includes cached blocks nobody holds (they are evicted
+            # when needed).
             kv_cache=KvCacheStats(
                 max_blocks=blocks.num_blocks,
                 free_blocks=blocks.free_blocks,

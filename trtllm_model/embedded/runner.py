@@ -80,9 +80,10 @@ class ModelRunner:
 
     # -- steps -----------------------------------------------------------------------------------------------------
     def prefill(self, sequences: list[Sequence]) -> torch.Tensor:
-        """Each sequence's prompt from its first uncached token, left-padded into one forward; `[n, vocab]` logits."""
+        """Each sequence's chunk `[num_computed, prefill_end)`, left-padded into one forward; `[n, vocab]` logits at
+        each chunk's last token."""
         block_size = self.pool.block_size
-        queries = max(sequence.prompt_len - sequence.num_computed for sequence in sequences)
+        queries = max(sequence.prefill_len for sequence in sequences)
         width = max(len(sequence.blocks.block_ids) for sequence in sequences)
         rows = len(sequences)
         ids = torch.zeros((rows, queries), dtype=torch.long)
@@ -91,7 +92,7 @@ class ModelRunner:
         tables = torch.full((rows, width), TRASH_BLOCK, dtype=torch.long)
         for row, sequence in enumerate(sequences):
             table = torch.tensor(sequence.blocks.block_ids, dtype=torch.long)
-            start, end = sequence.num_computed, sequence.prompt_len
+            start, end = sequence.num_computed, sequence.prefill_end
             padding = queries - (end - start)
             row_positions = torch.arange(start, end)
             tables[row, : len(table)] = table
@@ -103,13 +104,13 @@ class ModelRunner:
 
     def decode(self, sequences: list[Sequence], prefills: list[Sequence] = ()) -> torch.Tensor:
         """One forward of single-query rows: each decoding sequence's last token (its keys and values are not in the
-        pool yet), then each of `prefills`' uncached prompt tokens as a row of its own. A row writes its token's keys
+        pool yet), then each token of `prefills`' chunks as a row of its own. A row writes its token's keys
         and values, then attends over its sequence's blocks up to its own position (within one forward every row
         writes before any row reads, so a prompt's rows see each other). `[len(sequences) + len(prefills), vocab]`
-        logits: the decoding rows', then each prefill's last prompt token's."""
+        logits: the decoding rows', then each prefill chunk's last token's."""
         block_size = self.pool.block_size
         spans = [(len(s.token_ids) - 1, len(s.token_ids)) for s in sequences]
-        spans += [(s.num_computed, s.prompt_len) for s in prefills]
+        spans += [(s.num_computed, s.prefill_end) for s in prefills]
         owners = [*sequences, *prefills]
         rows = sum(end - start for start, end in spans)
         width = max(len(sequence.blocks.block_ids) for sequence in owners)

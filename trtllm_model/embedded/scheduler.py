@@ -1,10 +1,16 @@
-"""Who runs in the next step: the running batch decodes, and queued requests join while the limits allow.
+"""Who runs in the next step: the running batch decodes, prompts are prefilled in chunks, queued requests join.
 
 Limits per step: at most `max_batch_size` sequences, at most `max_num_tokens` tokens through the model (one per
-decoding sequence plus every prompt token prefilled: a prompt's cached prefix costs nothing), and the KV blocks a
-request can ever fill (prompt + max_tokens, less the blocks it shares) free in the pool (`block_manager`).
-Admission is first come, first served: a request that does not fit yet holds back the ones behind it, so a long
-prompt cannot be starved by short ones.
+decoding sequence plus every prompt token prefilled: a prompt's cached prefix costs nothing). A prompt longer than
+the tokens left in a step is prefilled in chunks over several steps (chunked prefill), beside the decoding batch,
+so a long prompt neither stalls the running streams nor waits for the engine to empty.
+
+KV blocks go by what a sequence needs now, not by what it may generate (`block_manager`): a request is admitted
+when the pool holds its prompt's blocks, and a decoding sequence takes one more block at each block boundary.
+When the pool runs out, the newest sequence is preempted (as vLLM does): its blocks are freed and it goes back to
+the front of the queue; admitted again, it prefills its prompt and the tokens it generated (its sent tokens are
+not sent again: it resumes where it stopped). Admission is first come, first served: a request that does not fit
+yet holds back the ones behind it, so a long prompt cannot be starved by short ones.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from .sequence import Sequence, Status
 
 # A prefill group is split when padding would add more than this share of its real tokens.
 MAX_PADDING_SHARE = 0.25
+# Blocks admission leaves free while others run, so their decoding does not at once preempt the newcomer.
+SPARE_BLOCKS_SHARE = 0.01
 
 
 @dataclass(slots=True)
@@ -30,33 +38,76 @@ class Scheduler:
         self.limits = limits
         self.blocks = blocks
         self.waiting: deque[Sequence] = deque()
+        self.prefilling: list[Sequence] = []  # admitted, their prompt partly computed (oldest first)
+        self.preemptions = 0  # since start
 
     def add(self, sequence: Sequence) -> None:
         self.waiting.append(sequence)
 
+    def make_room_for_decode(self, running: list[Sequence]) -> list[Sequence]:
+        """The running sequences that decode this step, each with a block for the token it feeds. When the pool is
+        out of blocks the newest sequences are preempted: partial prefills first, then running ones from the end."""
+        decoding: list[Sequence] = []
+        pending = deque(running)
+        while pending:
+            sequence = pending.popleft()
+            while not self.blocks.grow(sequence.blocks, len(sequence.token_ids)):
+                victim = self.prefilling.pop() if self.prefilling else pending.pop() if pending else sequence
+                self._preempt(victim)
+                if victim is sequence:
+                    break
+            else:
+                decoding.append(sequence)
+        return decoding
+
+    def _preempt(self, sequence: Sequence) -> None:
+        self.blocks.free(sequence.blocks)
+        sequence.blocks, sequence.num_computed, sequence.status = None, 0, Status.WAITING
+        self.waiting.appendleft(sequence)
+        self.preemptions += 1
+
     def admit(self, running: list[Sequence]) -> list[Sequence]:
-        """Take the queued sequences that join the batch this step, their blocks allocated."""
-        admitted: list[Sequence] = []
+        """The sequences prefilled this step, each with `prefill_end` set (the chunk it computes): partial prefills
+        first, then queued sequences that join, their blocks allocated."""
         tokens_left = self.limits.max_num_tokens - len(running)
-        while self.waiting and len(running) + len(admitted) < self.limits.max_batch_size:
+        scheduled: list[Sequence] = []
+        for sequence in self.prefilling:
+            if tokens_left <= 0:
+                break
+            tokens_left -= self._chunk(sequence, tokens_left)
+            scheduled.append(sequence)
+        seats = self.limits.max_batch_size - len(running) - len(self.prefilling)
+        spare = int(self.blocks.num_blocks * SPARE_BLOCKS_SHARE) if running or self.prefilling else 0
+        while self.waiting and seats > 0 and tokens_left > 0:
             head = self.waiting[0]
-            table = self.blocks.allocate(
-                head.token_ids, head.prompt_len, head.prompt_len + head.max_tokens, max_prefill_tokens=tokens_left,
-                salt=head.cache_salt,
-            )
+            table = self.blocks.allocate(head.token_ids, len(head.token_ids), head.cache_salt, spare)
             if table is None:
                 break
             head.blocks, head.num_computed = table, table.cached_tokens
-            tokens_left -= head.prefill_len
             head.status = Status.RUNNING
-            admitted.append(self.waiting.popleft())
-        return admitted
+            tokens_left -= self._chunk(head, tokens_left)
+            seats -= 1
+            self.prefilling.append(self.waiting.popleft())
+            scheduled.append(head)
+        return scheduled
+
+    @staticmethod
+    def _chunk(sequence: Sequence, tokens_left: int) -> int:
+        """Set the sequence's chunk for this step (at most `tokens_left` tokens); returns its length."""
+        chunk = min(len(sequence.token_ids) - sequence.num_computed, tokens_left)
+        sequence.prefill_end = sequence.num_computed + chunk
+        return chunk
+
+    def prefilled(self, sequence: Sequence) -> None:
+        """The sequence's prefill ended (it decodes from now on, or it failed)."""
+        self.prefilling.remove(sequence)
 
     def remove_finished(self) -> list[Sequence]:
-        """Queued sequences that ended before running (cancelled, timed out)."""
-        gone = [sequence for sequence in self.waiting if sequence.is_finished]
+        """Queued or prefilling sequences that ended before decoding (cancelled, timed out)."""
+        gone = [sequence for sequence in [*self.waiting, *self.prefilling] if sequence.is_finished]
         if gone:
             self.waiting = deque(sequence for sequence in self.waiting if not sequence.is_finished)
+            self.prefilling = [sequence for sequence in self.prefilling if not sequence.is_finished]
         return gone
 
 

@@ -39,8 +39,9 @@ class Sequence:
     want_context_logits: bool = False
     want_generation_logits: bool = False
     want_perf_metrics: bool = False
-    blocks: BlockTable | None = None  # its KV blocks, from admission until it ends
+    blocks: BlockTable | None = None  # its KV blocks, from admission until it ends or is preempted
     num_computed: int = 0  # leading tokens whose keys and values are in the pool (the cached prefix, then more)
+    prefill_end: int = 0  # while prefilling: num_computed once this step's chunk is computed
     guide: Any = None  # xgrammar GrammarMatcher of a guided request (set by the executor at enqueue)
     cache_salt: str | None = None  # shares cached blocks only with sequences of the same salt
 
@@ -78,8 +79,8 @@ class Sequence:
 
     @property
     def prefill_len(self) -> int:
-        """Prompt tokens the prefill computes (those not found cached)."""
-        return self.prompt_len - self.num_computed
+        """Tokens this step's prefill chunk computes (a resumed sequence's generated tokens count as prompt)."""
+        return self.prefill_end - self.num_computed
 
     @property
     def last_token(self) -> int:

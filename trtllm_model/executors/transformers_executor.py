@@ -153,8 +153,8 @@ class TransformersExecutor(Executor):
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
-        # No chunked prefill: a prompt must fit in one step's token budget.
-        self.max_input_len = min(max_input_len or max_num_tokens, max_num_tokens, max_positions - 1)
+        # Prompts longer than a step's token budget are prefilled in chunks (scheduler.py).
+        self.max_input_len = min(max_input_len or max_num_tokens, max_positions - 1)
         self.max_output_len = max_output_len
         self.max_queue_size = max_queue_size
         self.default_end_id = default_end_id
