@@ -41,6 +41,9 @@ class Plan:
     channels: int = 4
     first_input_id: int = 0
     step_s: float = 0.01  # the synthetic executor's step: token i of a request exists ~(i + 1) steps after it
+    # Text requests (`ensemble`'s names: text_input in, text_output back, as NVIDIA's text clients send them); tokens
+    # are counted by the num_output_tokens output (the synthetic text is not one character a token).
+    text: bool = False
 
 
 @dataclass
@@ -64,13 +67,26 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _request(model: str, request_id: str, last_input_id: int, max_tokens: int) -> service_pb2.ModelInferRequest:
+def _request(model: str, request_id: str, last_input_id: int, max_tokens: int,
+             text: bool = False) -> service_pb2.ModelInferRequest:
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
-    for name, datatype, shape, raw in (
+    tensors = (
         ("input_ids", "INT32", [1, 2], (7).to_bytes(4, "little") + last_input_id.to_bytes(4, "little")),
         ("request_output_len", "INT32", [1, 1], max_tokens.to_bytes(4, "little")),
         ("streaming", "BOOL", [1, 1], b"\x01"),
-    ):
+    )
+    if text:
+        # One ASCII byte of prompt (the synthetic tokenizer is byte-level); its own id as end_id is reached only
+        # after a whole cycle of the vocabulary, so a load request outlives the run.
+        byte = 33 + last_input_id % 90
+        tensors = (
+            ("text_input", "BYTES", [1, 1], (1).to_bytes(4, "little") + bytes([byte])),
+            ("max_tokens", "INT32", [1, 1], max_tokens.to_bytes(4, "little")),
+            ("stream", "BOOL", [1, 1], b"\x01"),
+            ("end_id", "INT32", [1, 1], byte.to_bytes(4, "little")),
+            ("return_num_output_tokens", "BOOL", [1, 1], b"\x01"),
+        )
+    for name, datatype, shape, raw in tensors:
         tensor = request.inputs.add(name=name, datatype=datatype)
         tensor.shape.extend(shape)
         request.raw_input_contents.append(raw)
@@ -113,6 +129,9 @@ async def _read(call, state: _Request, plan: Plan, result: WorkerResult, is_load
                     if count and int.from_bytes(raw[:4], "little", signed=True) != (state.base + state.expected) % VOCAB_SIZE:
                         raise AssertionError(f"token {state.expected}: got {int.from_bytes(raw[:4], 'little')}")
                     break
+                if output.name == "num_output_tokens":  # text requests: tokens so far
+                    count = int.from_bytes(response.raw_output_contents[index][:4], "little", signed=True) - state.expected
+                    break
         if count:
             state.expected += count
             result.tokens_total += count
@@ -138,7 +157,7 @@ async def _load_stream(stub, plan: Plan, index: int, result: WorkerResult) -> No
     call = stub.ModelStreamInfer()
     last_input_id = (plan.first_input_id + index * 7919) % VOCAB_SIZE
     state = _Request(last_input_id, plan.load_tokens)
-    request = _request(plan.model, f"load-{plan.first_input_id}-{index}", last_input_id, plan.load_tokens)
+    request = _request(plan.model, f"load-{plan.first_input_id}-{index}", last_input_id, plan.load_tokens, plan.text)
     await asyncio.sleep(max(0.0, plan.start - time.monotonic()))
     state.sent = time.monotonic()
     await call.write(request)
@@ -165,7 +184,7 @@ async def _probe_stream(stub, plan: Plan, result: WorkerResult) -> None:
         while time.monotonic() < plan.w1:
             last_input_id = (number * 31 + 5) % VOCAB_SIZE
             state = _Request(last_input_id, plan.probe_tokens)
-            request = _request(plan.model, f"probe-{number}", last_input_id, plan.probe_tokens)
+            request = _request(plan.model, f"probe-{number}", last_input_id, plan.probe_tokens, plan.text)
             state.sent = time.monotonic()
             await call.write(request)
             await _read(call, state, plan, result, is_load=False)

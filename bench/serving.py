@@ -150,13 +150,20 @@ def in_process_ttft(step_ms: float, samples: int, pause_s: float) -> list[float]
 
 # -- servers ---------------------------------------------------------------------------------------------------
 def start(kind: str, workdir: Path, step_ms: float, max_batch: int, counter: CounterFile,
-          extra: dict[str, str] | None = None) -> Server:
+          extra: dict[str, str] | None = None, args=None) -> Server:
     env = {"BENCH_DIR": str(BENCH_DIR), "BENCH_COUNTER_FILE": counter.path}
     parameters = {"max_batch_size": str(max_batch), "synthetic_step_ms": f"{step_ms:g}"}
     if kind == "ours":
+        text = args is not None and args.text
         repository = write_repository(workdir / "repository", {**parameters, "max_queue_size": "1024", **(extra or {})},
-                                      models=("tensorrt_llm",))
+                                      models=("tensorrt_llm", "ensemble") if text else ("tensorrt_llm",))
         shutil.copy(BENCH_DIR / "counted_model.py", repository / "tensorrt_llm" / "1" / "model.py")
+        if args is not None and args.code:
+            # The stub puts the version directory first on sys.path: this tree's package, not the installed one.
+            shutil.copytree(args.code / "trtllm_model", repository / "tensorrt_llm" / "1" / "trtllm_model",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        if args is not None and args.timing_s:
+            env["TRTLLM_DELIVERY_TIMING_S"] = f"{args.timing_s:g}"
         return start_server(workdir, executor="synthetic", repository=repository, env=env)
     repository = workdir / "repository"
     shutil.rmtree(repository, ignore_errors=True)
@@ -181,6 +188,7 @@ def measure_point(server: Server, model: str, counter: CounterFile, pool: Proces
             url=server.grpc_url, model=model, load_streams=share, load_tokens=load_tokens, probe=worker == 0,
             probe_tokens=args.probe_tokens, probe_pause_s=args.probe_pause_ms / 1000.0, start=start_at, w0=w0, w1=w1,
             channels=args.channels, first_input_id=seed * 1000 + worker * 100 + 1, step_s=args.step_ms / 1000.0,
+            text=args.text and model == "ensemble",
         ))
     futures = [pool.submit(run_worker, plan) for plan in plans]
     root = psutil.Process(server.process.pid)
@@ -231,12 +239,20 @@ def measure_point(server: Server, model: str, counter: CounterFile, pool: Proces
         "quiet_after_s": quiet_s,
         "errors": errors[:10],
         "error_count": len(errors),
+        "delivery_timing": last_timing_line(server.log()) if args.timing_s else None,
     }
     point["delivered_over_generated"] = (point["delivered_tokens_per_s"] / point["generated_tokens_per_s"]
                                          if point["generated_tokens_per_s"] else None)
     point["server_cpu_cores_per_10k_delivered"] = (10000.0 * point["server_cpu_cores"] / point["delivered_tokens_per_s"]
                                                    if point["delivered_tokens_per_s"] else None)
     return point
+
+
+def last_timing_line(log: str) -> str | None:
+    """The model's latest per-response breakdown (TRTLLM_DELIVERY_TIMING_S), inside the window when --timing-s is
+    shorter than it."""
+    lines = [line for line in log.splitlines() if "delivery timing over" in line]
+    return lines[-1].split("delivery timing ", 1)[1] if lines else None
 
 
 def _scale(value, factor):
@@ -246,7 +262,9 @@ def _scale(value, factor):
 def measure_model(kind: str, model: str, args, workroot: Path) -> dict:
     counter = CounterFile(str(workroot / f"{kind}.counter"))
     extra = dict(item.split("=", 1) for item in args.param) if kind == "ours" else {}
-    server = start(kind, workroot / kind, args.step_ms, args.max_batch, counter, extra)
+    server = start(kind, workroot / kind, args.step_ms, args.max_batch, counter, extra, args)
+    if kind == "ours" and args.text:
+        model = "ensemble"
     report: dict = {"model": model, "points": [], "perf_analyzer": []}
     try:
         root = psutil.Process(server.process.pid)
@@ -262,7 +280,7 @@ def measure_model(kind: str, model: str, args, workroot: Path) -> dict:
                     # Still sending a backlog (a model that cannot keep up): a fresh server, not minutes of waiting.
                     report["points"][-1]["server_restarted_after"] = True
                     _keep_log(server, kind, args, stop=True)
-                    server = start(kind, workroot / kind, args.step_ms, args.max_batch, counter, extra)
+                    server = start(kind, workroot / kind, args.step_ms, args.max_batch, counter, extra, args)
                     root = psutil.Process(server.process.pid)
                 if server.process.poll() is not None or not is_ready("127.0.0.1", server.http_port):
                     report["failed"] = f"server not running/ready before load {load}; see {RESULTS}/server-{args.stamp}-{kind}.log"
@@ -278,6 +296,8 @@ def measure_model(kind: str, model: str, args, workroot: Path) -> dict:
                       f"errors {point['error_count']}", flush=True)
                 print("    server CPU by process: " + ", ".join(
                     f"{name} {cores:.2f}" for name, cores in point["server_cpu_cores_by_process"].items()), flush=True)
+                if point["delivery_timing"]:
+                    print(f"    delivery timing {point['delivery_timing']}", flush=True)
                 for error in point["errors"][:3]:
                     print(f"    error: {error}", flush=True)
         if not args.skip_perf_analyzer:
@@ -435,6 +455,14 @@ def main() -> int:
     parser.add_argument("--pa-tokens", type=int, default=50)
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config.pbtxt parameter for our model (e.g. sender_threads=4)")
+    parser.add_argument("--text", action="store_true",
+                        help="ours only: text requests to `ensemble` (text_output back), as NVIDIA's text clients")
+    parser.add_argument("--code", type=Path, default=None, metavar="TREE",
+                        help="ours: serve the trtllm_model package of this checkout (e.g. a git worktree of an older "
+                             "commit) instead of the installed one")
+    parser.add_argument("--timing-s", type=float, default=0.0, metavar="S",
+                        help="the model logs its per-response delivery breakdown every S s (TRTLLM_DELIVERY_TIMING_S); "
+                             "each load's last line is printed and kept in the results")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--doc-plot", action="store_true", help="also write docs/performance.png")
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help=f"where results go (default {RESULTS})")
