@@ -6,7 +6,10 @@ serving.py copies this file over `tensorrt_llm/1/model.py` of a temporary copy o
 import os
 import sys
 
-from trtllm_model.model import TritonPythonModel as _ProductModel
+if os.environ.get("BENCH_CODE_DIR"):  # serving.py --code: an older checkout's package, before the installed one
+    sys.path.insert(0, os.environ["BENCH_CODE_DIR"])
+
+from trtllm_model.model import TritonPythonModel as _ProductModel  # noqa: E402
 
 sys.path.insert(0, os.environ["BENCH_DIR"])
 from counted import count_generated  # noqa: E402

@@ -159,9 +159,7 @@ def start(kind: str, workdir: Path, step_ms: float, max_batch: int, counter: Cou
                                       models=("tensorrt_llm", "ensemble") if text else ("tensorrt_llm",))
         shutil.copy(BENCH_DIR / "counted_model.py", repository / "tensorrt_llm" / "1" / "model.py")
         if args is not None and args.code:
-            # The stub puts the version directory first on sys.path: this tree's package, not the installed one.
-            shutil.copytree(args.code / "trtllm_model", repository / "tensorrt_llm" / "1" / "trtllm_model",
-                            ignore=shutil.ignore_patterns("__pycache__"))
+            env["BENCH_CODE_DIR"] = str(args.code.resolve())  # counted_model.py imports trtllm_model from there
         if args is not None and args.timing_s:
             env["TRTLLM_DELIVERY_TIMING_S"] = f"{args.timing_s:g}"
         return start_server(workdir, executor="synthetic", repository=repository, env=env)
