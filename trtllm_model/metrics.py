@@ -1,13 +1,15 @@
 """Triton custom metrics, kept off the token path.
 
-Every metric call is an IPC round trip to the Triton server, so nothing here runs on the threads that move
-tokens: the poller's `on_finished` hook (`MetricsReporter.record_finished`) appends a small record to a deque and
-wakes the metrics thread. It runs right before a request's final response is sent and waits (at most
-`FINAL_WAIT_S`) until the metrics thread has flushed that record: a scrape that follows the final response finds
-the request (NVIDIA's checks read the histograms right after the responses). That thread only records requests; it
-never calls the executor, so a final response never waits on an engine's stats call (`LLM.get_stats` waits its whole
-timeout when iteration stats are off). A second thread, `metrics-stats`, reads the executor's iteration stats every
-`stats_check_period_ms` and sets the gauges. Together they make the few metric calls that are needed:
+Every metric call is an IPC round trip to the Triton server, so they are few and batched. The poller's
+`on_finished` hook (`MetricsReporter.record_finished`) runs right before a request's final response is sent: it
+appends a small record to a deque and flushes the records waiting, its own included, on the worker's own thread
+(one flush at a time; a worker that finds another flushing waits for it, then flushes what is left, often nothing):
+a scrape that follows the final response finds the request (NVIDIA's checks read the histograms right after the
+responses). Flushing records never calls the executor, so a final response never waits on an engine's stats call
+(`LLM.get_stats` waits its whole timeout when iteration stats are off), nor on another thread getting the GIL (a
+hand-off to a metrics thread cost a final 8-20 ms at 256 streams on the 2-core machine). The `metrics` thread reads
+the executor's iteration stats every `stats_check_period_ms`, sets the gauges and observes what an earlier flush left
+over. Together they make the few metric calls that are needed:
 
 - gauges (NVIDIA's `nv_trt_llm_*` families) are set only when their value changed, so an idle server makes no
   metric calls at all;
@@ -229,12 +231,10 @@ class MetricsReporter:
         self._gauges: dict[tuple[str, str], Gauge] = {}
         self._gauge_values: dict[tuple[str, str], float] = {}
         self._stop = threading.Event()
-        self._finished_event = threading.Event()  # a request finished: flush now, not at the end of the period
         self._tickets = itertools.count(1)  # next() is atomic: records from several workers stay ordered
-        self._observed = 0  # ticket of the last record the flush observed (or dropped)
-        self._observed_changed = threading.Condition()
+        self._observed = 0  # ticket of the last record a flush observed (or dropped)
+        self._flush_lock = threading.Lock()  # one records flush at a time
         self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
-        self._stats_thread = threading.Thread(target=self._run_stats, name="metrics-stats", daemon=True)
         self._failures = 0
         self._drops = 0
         self._create_request_metrics()
@@ -268,42 +268,32 @@ class MetricsReporter:
 
     # -- called from the poller workers: no metric calls, no locks ------------------------------------------
     def record_finished(self, ctx: RequestContext) -> None:
-        """The poller's on_finished hook, right before the final response: remember what the metrics need, and
-        wait (at most FINAL_WAIT_S) for the metrics thread to flush it, so the response leaves recorded."""
+        """The poller's on_finished hook, right before the final response: record the request now (histogram
+        observations get at most FINAL_WAIT_S), so the response leaves recorded. No executor call."""
         ticket = next(self._tickets)
         self._records.append(FinishedRecord.from_context(ctx, ticket=ticket))  # deque.append is thread-safe
-        self._finished_event.set()
         if self._thread.is_alive():
-            with self._observed_changed:
-                self._observed_changed.wait_for(lambda: self._observed >= ticket, FINAL_WAIT_S)
+            with self._flush_lock:
+                if self._observed < ticket:  # else a flush that ran meanwhile took it
+                    self._guarded(self._flush_records, FINAL_WAIT_S)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
-        self._stats_thread.start()
 
     def stop(self) -> None:
         """Stop the thread, then flush once more so requests that ended during shutdown are counted."""
         self._stop.set()
-        self._finished_event.set()
-        for thread in (self._thread, self._stats_thread):
-            if thread.is_alive():
-                thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
         self.flush(budget_s=FINAL_FLUSH_BUDGET_S)
 
     def _run(self) -> None:
-        # A finished request wakes the thread at once, so its histograms and counters are in /metrics within about
-        # a millisecond of its final response (NVIDIA's checks read them right after the responses); requests that
-        # finish while a flush runs are taken by the next one, so a burst costs a few flushes, not one per request.
-        while not self._stop.is_set():
-            self._finished_event.wait(self.period_s)
-            self._finished_event.clear()
-            if not self._stop.is_set():
-                self._guarded(self._flush_records)
-
-    def _run_stats(self) -> None:
         while not self._stop.wait(self.period_s):
             self._guarded(self._flush_stats)
+            if self._records or self._unobserved:  # left over by a flush whose budget ran out
+                with self._flush_lock:
+                    self._guarded(self._flush_records)
 
     # -- the metrics thread --------------------------------------------------------------------------------------------
     def flush(self, budget_s: float | None = None) -> None:
@@ -312,7 +302,8 @@ class MetricsReporter:
         Histogram observations get `budget_s` (default: one period); the rest wait for the next flush.
         """
         self._guarded(self._flush_stats)
-        self._guarded(self._flush_records, budget_s)
+        with self._flush_lock:
+            self._guarded(self._flush_records, budget_s)
 
     def _guarded(self, flush: Callable[..., None], *args) -> None:
         try:
@@ -328,7 +319,8 @@ class MetricsReporter:
         self._flush_open_requests()
 
     def _flush_records(self, budget_s: float | None = None) -> None:
-        """Finished requests: counters, then histograms within `budget_s`. No executor call."""
+        """Finished requests: counters, then histograms within `budget_s`. No executor call (caller holds
+        `_flush_lock`)."""
         records = self._drain()
         self._count(records)  # first, and whole: counters stay exact even when histograms fall behind
         self._unobserved.extend(records)
@@ -400,10 +392,8 @@ class MetricsReporter:
                 return
 
     def _mark_observed(self, ticket: int) -> None:
-        """Counters and histograms of every record up to `ticket` are in: release the final responses waiting."""
-        with self._observed_changed:
-            self._observed = max(self._observed, ticket)
-            self._observed_changed.notify_all()
+        """Counters and histograms of every record up to `ticket` are in."""
+        self._observed = max(self._observed, ticket)
 
     def _count(self, records: list[FinishedRecord]) -> None:
         if not records:
