@@ -64,6 +64,7 @@ class Engine:
         budget = config.kv_budget
         self.blocks = BlockManager(budget.num_blocks, budget.block_size, config.enable_kv_cache_reuse)
         runner.allocate_kv_pool(budget.num_blocks, budget.block_size)
+        self._host_bytes = host_memory_bytes(runner)
         self.scheduler = Scheduler(SchedulerLimits(config.max_batch_size, config.max_num_tokens), self.blocks)
         self.running: list[Sequence] = []
         self.iteration = 0
@@ -375,7 +376,7 @@ class Engine:
         blocks = self.blocks
         looked_up = blocks.total_reused + blocks.total_missed
         reuse = blocks.enable_reuse
-        gpu_bytes = None
+        gpu_bytes = 0  # NVIDIA's memory_type=gpu: what this engine holds there (nothing on a CPU engine)
         if self.runner.device.type == "cuda":
             gpu_bytes = torch.cuda.memory_allocated(self.runner.device)
         stats = IterationStats(
@@ -390,6 +391,11 @@ class Engine:
             context_tokens=context_tokens,
             tokens_in_step=decoded + context_tokens,
             gpu_mem_bytes=gpu_bytes,
+            cpu_mem_bytes=self._host_bytes,
+            pinned_mem_bytes=0,  # nothing here is allocated in pinned host memory
+            # NVIDIA's paused requests: preempted for KV blocks, back in the queue with tokens already sent.
+            paused_requests=sum(1 for sequence in self.scheduler.waiting if sequence.num_output),
+            micro_batch_id=0,  # no pipeline parallelism: one micro batch
             # used = blocks the admitted requests hold; free includes cached blocks nobody holds (they are evicted
             # when needed).
             kv_cache=KvCacheStats(
@@ -404,6 +410,16 @@ class Engine:
         )
         with self._lock:
             self._stats.append(stats)
+
+
+def host_memory_bytes(runner: ModelRunner) -> int:
+    """Host memory the engine holds: the weights and the KV pool when they live on the CPU (NVIDIA's
+    memory_type=cpu); on a GPU engine both are in GPU memory."""
+    if runner.device.type != "cpu":
+        return 0
+    tensors = [*runner.model.parameters(), *runner.model.buffers()]
+    weights = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+    return weights + (runner.pool.nbytes() if runner.pool is not None else 0)
 
 
 def _merge_step(pending: Step, step: Step) -> None:
