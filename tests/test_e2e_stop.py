@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import psutil
 import pytest
 from conftest import start_server
@@ -128,3 +129,60 @@ def test_tritonserver_follows_a_trtllm_triton_killed_hard(tmp_path):
                     os.kill(pid, signal.SIGKILL)
             pytest.fail(f"still running 30 s after trtllm-triton was killed: {[p for p in tree if _alive(p)]}")
         time.sleep(0.1)
+
+
+# -- after cancellations with `stop` over the TensorRT-LLM LLM API (issue 31 item 13) ------------------------------------
+@pytest.mark.parametrize("streams_left_open", [False, True], ids=["clients-closed", "clients-hold-streams"])
+def test_a_stop_after_cancellations_over_the_llm_api_is_bounded(tmp_path, streams_left_open):
+    """8 streams over executor=trtllm_llmapi (the strict fake) cancelled with NVIDIA's `stop`, then SIGTERM.
+
+    With the clients' streams closed the server stops cleanly at once. A client that keeps a gRPC stream open which
+    carried a request keeps tritonserver 2.51 from unloading the model (finalize is never called; the executor's own
+    shutdown takes 0.01 s) and from exiting, even past its exit timeout: that was the "could not unload within 15 s"
+    (bench/llmapi_stop_shutdown.py: 10 of 10 runs with the streams held). `serve` now kills it after the exit timeout
+    and a margin, so the stop is bounded either way."""
+    from test_e2e_trtllm_fakes import FAKE_ENVIRONMENT, repository_with_fake
+    from triton_client import tensor
+    from trtllm_support import make_checkpoint_dir
+
+    from trtllm_model.cli import EXIT_KILL_MARGIN_S
+    from trtllm_model.server import EXIT_TIMEOUT_S
+
+    checkpoint = make_checkpoint_dir(tmp_path / "checkpoint")
+    repository = repository_with_fake(tmp_path, {"executor": "trtllm_llmapi", "hf_model_path": str(checkpoint)},
+                                      ("tensorrt_llm",))
+    server = start_server(tmp_path, executor="trtllm_llmapi", env=FAKE_ENVIRONMENT, repository=repository,
+                          new_session=True)
+    client, stopper = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
+    tree = _tree_pids(server.process.pid)
+    try:
+        running = [client.send("tensorrt_llm", token_inputs([1000 + i], 4000), f"r{i}") for i in range(8)]
+        deadline = time.monotonic() + 30
+        while not all(r.responses for r in running):
+            assert time.monotonic() < deadline, "streams never started"
+            time.sleep(0.01)
+        stops = [stopper.send("tensorrt_llm", [*token_inputs([1], 1), tensor("stop", True, np.bool_)], f"r{i}")
+                 for i in range(8)]
+        for result in stops + running:
+            assert result.done.wait(30) and result.finals == 1 and result.errors == [], result.errors
+        if not streams_left_open:
+            client.close()
+            stopper.close()
+        started = time.monotonic()
+        os.kill(server.process.pid, signal.SIGTERM)
+        limit = EXIT_TIMEOUT_S + EXIT_KILL_MARGIN_S + 5 if streams_left_open else GONE_WITHIN_S
+        code = server.process.wait(limit)
+        while any(_alive(pid) for pid in tree):
+            assert time.monotonic() - started < limit, f"still running: {[p for p in tree if _alive(p)]}"
+            time.sleep(0.1)
+    finally:
+        client.close()
+        stopper.close()
+        for pid in [pid for pid in tree if _alive(pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    log = server.log()
+    if streams_left_open:
+        assert code == 1 and "killing it and its models" in log, log[-3000:]
+    else:
+        assert code == 0 and "Exit timeout expired" not in log, log[-3000:]

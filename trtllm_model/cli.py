@@ -21,6 +21,7 @@ from .server import (
     ADMIN_KEY_ENV,
     DEFAULT_REPOSITORY,
     EXECUTOR_OVERRIDE_ENV,
+    EXIT_TIMEOUT_S,
     READY_URL_ENV,
     ServerOptions,
     admin_headers,
@@ -35,6 +36,9 @@ from .server import (
 LLMAPI_REPOSITORY = DEFAULT_REPOSITORY.parent / "model_repository_llmapi"
 # Time for a signal sent to the whole process group to reach tritonserver as well (see stop_gracefully).
 SIGNAL_SETTLE_S = 0.2
+# tritonserver 2.51 does not exit while a client keeps a gRPC stream open that carried a request (the model stays
+# live until the stream closes, even past "Exit timeout expired"): `serve` kills it this long after its exit timeout.
+EXIT_KILL_MARGIN_S = 5.0
 
 
 def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | None = None) -> int:
@@ -61,6 +65,7 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
                                preexec_fn=_stop_with_parent)
 
     stopping = threading.Event()
+    killed = threading.Event()
 
     def forward(signum, _frame):
         if process.poll() is not None:
@@ -82,6 +87,14 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
             unload_models(connect_host, options.http_port, options.admin_key)
         if process.poll() is None:
             process.send_signal(signum)
+        try:
+            process.wait(EXIT_TIMEOUT_S + EXIT_KILL_MARGIN_S)
+        except subprocess.TimeoutExpired:
+            print(f"trtllm-triton: tritonserver still running {EXIT_TIMEOUT_S + EXIT_KILL_MARGIN_S:.0f} s after the "
+                  "stop (a client holds a gRPC stream open); killing it and its models", file=sys.stderr, flush=True)
+            killed.set()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # its own process group: the stubs go with it
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
@@ -96,7 +109,8 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
     if openai_port is not None and process.poll() is None and not stopping.is_set():
         frontend = start_openai_frontend(options, connect_host, openai_port)
     try:
-        return process.wait()
+        code = process.wait()
+        return 1 if killed.is_set() else code
     finally:
         if frontend is not None:
             stop_process(frontend)
