@@ -1,0 +1,131 @@
+"""What an open-and-cancel loop against `ensemble` does to other clients (issue 31 item 5).
+
+    .venv/bin/python bench/ensemble_cancel_flood.py [--seconds 20] [--rows 64] [--max-tokens 2000] [--flooders 1]
+
+Starts `trtllm-triton serve --executor synthetic` (the project repository: `ensemble` is a one-step Triton ensemble
+over `tensorrt_llm`). `--flooders` threads each loop: open a gRPC stream, send one `ensemble` request of `--rows`
+rows with `--max-tokens`, wait for its first response, cancel the call (as `stop_stream(cancel_requests=True)`).
+Triton 2.51 checks an ensemble's cancellation only between its steps, so `tensorrt_llm` may never hear of it.
+Meanwhile a victim sends one 8-token `tensorrt_llm` request every 0.1 s and records whether it was served and its
+time to last token; the model's `nv_llm_open_requests` is sampled each second. Prints a summary; `--json` writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import start_server  # noqa: E402
+from prometheus_text import scrape  # noqa: E402
+from triton_client import StreamClient, stream_once, tensor, token_inputs  # noqa: E402
+
+
+def ensemble_rows(rows: int, max_tokens: int) -> list:
+    return [
+        tensor("text_input", [[f"flood {i}".encode()] for i in range(rows)], np.object_),
+        tensor("max_tokens", [[max_tokens]] * rows, np.int32),
+        tensor("stream", [[True]] * rows, np.bool_),
+    ]
+
+
+def flood(url: str, rows: int, max_tokens: int, stop: threading.Event, counts: dict) -> None:
+    while not stop.is_set():
+        client = StreamClient(url)
+        try:
+            result = client.send("ensemble", ensemble_rows(rows, max_tokens), f"flood-{counts['sent']}")
+            counts["sent"] += 1
+            deadline = time.monotonic() + 5
+            while not result.responses and not result.errors and time.monotonic() < deadline:
+                time.sleep(0.005)
+            counts["refused" if result.errors else "started"] += 1
+            client.cancel()
+        finally:
+            client.close()
+
+
+def victim(url: str, stop: threading.Event, outcomes: list) -> None:
+    while not stop.is_set():
+        started = time.monotonic()
+        result = stream_once(url, "tensorrt_llm", token_inputs([7], 8), timeout_s=30)
+        outcomes.append((result.errors[0][:60] if result.errors else None, time.monotonic() - started))
+        time.sleep(0.1)
+
+
+def run(seconds: float, rows: int, max_tokens: int, flooders: int, parameters: dict[str, str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ensemble-flood-") as workdir:
+        server = start_server(Path(workdir), parameters=parameters)
+        try:
+            stop, counts, outcomes, open_samples = threading.Event(), {"sent": 0, "started": 0, "refused": 0}, [], []
+            baseline: list = []
+            base_stop = threading.Event()
+            base = threading.Thread(target=victim, args=(server.grpc_url, base_stop, baseline))
+            base.start()
+            time.sleep(3)
+            base_stop.set()
+            base.join()
+            threads = [threading.Thread(target=flood, args=(server.grpc_url, rows, max_tokens, stop, counts))
+                       for _ in range(flooders)]
+            threads.append(threading.Thread(target=victim, args=(server.grpc_url, stop, outcomes)))
+            for thread in threads:
+                thread.start()
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                open_samples.append(scrape(server.metrics_url).value("nv_llm_open_requests", model="tensorrt_llm"))
+                time.sleep(1)
+            stop.set()
+            for thread in threads:
+                thread.join()
+            drained_at = time.monotonic()
+            while scrape(server.metrics_url).value("nv_llm_open_requests", model="tensorrt_llm") and \
+                    time.monotonic() - drained_at < 120:
+                time.sleep(0.5)
+            drain_s = time.monotonic() - drained_at
+        finally:
+            server.stop()
+    served = [seconds for error, seconds in outcomes if error is None]
+    refusals: dict[str, int] = {}
+    for error, _ in outcomes:
+        if error is not None:
+            refusals[error] = refusals.get(error, 0) + 1
+    return {
+        "rows": rows, "max_tokens": max_tokens, "flooders": flooders, "seconds": seconds, "parameters": parameters,
+        "flood_requests": counts,
+        "victim_alone_p50_s": statistics.median(s for _, s in baseline),
+        "victim_requests": len(outcomes), "victim_served": len(served),
+        "victim_p50_s": statistics.median(served) if served else None,
+        "victim_max_s": max(served) if served else None,
+        "victim_refusals": refusals,
+        "open_requests_peak": max(open_samples), "open_requests_samples": open_samples,
+        "drain_after_flood_s": round(drain_s, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=2000)
+    parser.add_argument("--flooders", type=int, default=1)
+    parser.add_argument("--param", action="append", default=[], help="tensorrt_llm parameter key=value")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    parameters = dict(p.split("=", 1) for p in args.param)
+    report = run(args.seconds, args.rows, args.max_tokens, args.flooders, parameters)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
