@@ -1,8 +1,10 @@
-"""Where a response's time goes on the delivery path: cumulative seconds per phase, always counted, cheap.
+"""Where a response's time goes on the delivery path: cumulative seconds per phase.
 
 Each poller worker owns one `PhaseTimes` (no lock, no shared counter between threads); `DeliveryTiming` sums them.
-With `TRTLLM_DELIVERY_TIMING_S=N` in the server's environment the dispatcher logs the breakdown every N seconds
-(and once at shutdown) to the server log: microseconds per response in each phase over the last period.
+With `TRTLLM_DELIVERY_TIMING_S=N` in the server's environment the phases are timed and the dispatcher logs the
+breakdown every N seconds (and once at shutdown) to the server log: microseconds per response in each phase over the
+last period. Without it only the counts are kept: timing every phase always cost the stub's saturated interpreter
+about a third of its responses (256 streams, poller alone, 2-core machine: 15k instead of 25k responses/s).
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ class PhaseTimes:
         return now
 
 
+class UntimedPhases(PhaseTimes):
+    """Counts only (timing is off)."""
+
+    __slots__ = ()
+
+    def add(self, phase: str, since_ns: int) -> int:
+        return since_ns
+
+
 class DeliveryTiming:
     def __init__(self, period_s: float | None = None) -> None:
         self._workers: list[PhaseTimes] = []
@@ -58,7 +69,7 @@ class DeliveryTiming:
             log.propagate = False
 
     def for_worker(self) -> PhaseTimes:
-        times = PhaseTimes()
+        times = PhaseTimes() if self.period_s > 0 else UntimedPhases()
         self._workers.append(times)
         return times
 
