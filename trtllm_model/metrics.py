@@ -6,8 +6,9 @@ appends a small record to a deque and flushes the records waiting, its own inclu
 (one flush at a time; a worker that finds another flushing waits for it, then flushes what is left, often nothing):
 a scrape that follows the final response finds the request (NVIDIA's checks read the histograms right after the
 responses). Flushing records never calls the executor, so a final response never waits on an engine's stats call
-(`LLM.get_stats` waits its whole timeout when iteration stats are off), nor on another thread getting the GIL (a
-hand-off to a metrics thread cost a final 8-20 ms at 256 streams on the 2-core machine). The `metrics` thread reads
+(`LLM.get_stats` waits its whole timeout when iteration stats are off), nor on another thread getting the GIL. What
+a final still pays is the flush's own IPC round trips (3 counters, 6 observations: about 0.7 ms at one stream on the
+2-core machine, more when sends fill the stub's channel). The `metrics` thread reads
 the executor's iteration stats every `stats_check_period_ms`, sets the gauges and observes what an earlier flush left
 over. Together they make the few metric calls that are needed:
 
