@@ -7,6 +7,7 @@
 # tritonserver flags for every later server; sanity: the synthetic streaming e2e tests), each under its own time limit, each writing to $RESULTS;
 # the results are packed into $OUT/results.tgz after every step, so a cut-short run still returns what it had.
 # ENGINE_ARGS, SERVING_ARGS, E2E_ARGS replace each benchmark's arguments.
+# ENGINE_LIMIT_S: the engine step's time limit (default 110 s; the compiled baseline needs more).
 # ENGINE_MODES="process thread" (default: both, in that order) runs the engine, engine-profile and e2e steps once per
 # layout of the embedded engine: in its worker process (config engine_process=true, bench/engine.py --engine-process)
 # or on a thread of the stub (engine_process=false). DRY_RUN=1 prints each step's command instead of running it.
@@ -57,7 +58,7 @@ for name in $STEPS; do
     sanity) step 90 test -q -x -p no:cacheprovider --basetemp="$RESULTS/pytest-sanity" tests/test_e2e_streaming.py ;;
     test) step 240 test -q -x -s -p no:cacheprovider --basetemp="$RESULTS/pytest-cuda" tests/test_cuda_transformers.py \
 tests/test_cuda_multi_instance.py ;;
-    engine) for mode in $ENGINE_MODES; do step 110 engine $ENGINE_ARGS $(engine_flag "$mode"); done ;;
+    engine) for mode in $ENGINE_MODES; do step "${ENGINE_LIMIT_S:-110}" engine $ENGINE_ARGS $(engine_flag "$mode"); done ;;
     engine-profile)  # where the engine's time goes at 128 requests in flight (py-spy, sampling without pausing)
       for mode in $ENGINE_MODES; do
         step 90 exec py-spy record --nonblocking --threads --subprocesses -r 100 -f raw \
