@@ -197,6 +197,7 @@ def measure_point(server: Server, model: str, counter: CounterFile, pool: Proces
     generated0, by0, t0 = counter.read(), tree_cpu_by_process(root), time.monotonic()
     time.sleep(max(0.0, w1 - time.monotonic()))
     generated1, by1, t1 = counter.read(), tree_cpu_by_process(root), time.monotonic()
+    timing = last_timing_line(server.log()) if args.timing_s else None  # logged inside the window
     cpu0, cpu1 = sum(by0.values()), sum(by1.values())
     results: list[WorkerResult] = [future.result(timeout=args.warmup + args.window + 120) for future in futures]
     if profile is not None:
@@ -237,7 +238,7 @@ def measure_point(server: Server, model: str, counter: CounterFile, pool: Proces
         "quiet_after_s": quiet_s,
         "errors": errors[:10],
         "error_count": len(errors),
-        "delivery_timing": last_timing_line(server.log()) if args.timing_s else None,
+        "delivery_timing": timing,
     }
     point["delivered_over_generated"] = (point["delivered_tokens_per_s"] / point["generated_tokens_per_s"]
                                          if point["generated_tokens_per_s"] else None)
@@ -247,8 +248,8 @@ def measure_point(server: Server, model: str, counter: CounterFile, pool: Proces
 
 
 def last_timing_line(log: str) -> str | None:
-    """The model's latest per-response breakdown (TRTLLM_DELIVERY_TIMING_S), inside the window when --timing-s is
-    shorter than it."""
+    """The model's latest per-response breakdown (TRTLLM_DELIVERY_TIMING_S); read at the window's end, it lies
+    inside the window when --timing-s is shorter than it."""
     lines = [line for line in log.splitlines() if "delivery timing over" in line]
     return lines[-1].split("delivery timing ", 1)[1] if lines else None
 
