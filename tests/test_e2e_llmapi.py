@@ -183,7 +183,7 @@ def test_refusals_name_the_input(unary_server):
         "streaming": ({"streaming": np.array([True])}, "INVALID_ARG", "decoupled"),
         "image_url": ({"image_url": np.array(["file:///etc/passwd"], dtype=object)}, "INVALID_ARG", "multimodal"),
         "lora_path": ({"lora_id": np.array([1], np.uint64), "lora_name": np.array(["a"], dtype=object),
-                       "lora_path": np.array(["/no/such/adapter"], dtype=object)}, "INVALID_ARG", "/no/such/adapter"),
+                       "lora_path": np.array(["/no/such/adapter"], dtype=object)}, "UNSUPPORTED", "lora_path"),
         "lora_id": ({"lora_name": np.array(["a"], dtype=object)}, "INVALID_ARG", "lora_id"),
         "lora": ({"lora_id": np.array([1], np.uint64), "lora_name": np.array(["a"], dtype=object),
                   "lora_path": np.array(["/tmp"], dtype=object)}, "UNSUPPORTED", "lora_path"),
@@ -196,6 +196,19 @@ def test_refusals_name_the_input(unary_server):
             with pytest.raises(InferenceServerException) as raised:
                 client.infer("tensorrt_llm", client_inputs(**extra))
             assert str(raised.value.message()).startswith(f"{code}: ") and named in raised.value.message(), case
+
+
+def test_lora_path_with_lora_off_gets_one_answer_whether_the_path_exists_or_not(unary_server):
+    """Without LoRA (the embedded engine) the path is never looked at: a client learns nothing of the server's files."""
+    messages = []
+    with grpcclient.InferenceServerClient(unary_server.grpc_url) as client:
+        for path in ("/etc/passwd", "/no/such/adapter"):
+            with pytest.raises(InferenceServerException) as raised:
+                client.infer("tensorrt_llm", client_inputs(lora_id=np.array([1], np.uint64),
+                                                           lora_name=np.array(["a"], dtype=object),
+                                                           lora_path=np.array([path], dtype=object)))
+            messages.append((raised.value.status(), raised.value.message()))
+    assert messages[0] == messages[1] and messages[0][1].startswith("UNSUPPORTED: lora_path: "), messages
 
 
 def test_end_to_end_streaming_is_cumulative_with_one_final(stream_server):

@@ -45,3 +45,13 @@ def test_an_unknown_executor_is_refused_naming_the_choices():
 def test_parameters_come_from_tritons_model_config_json():
     config = {"parameters": {"executor": {"string_value": "synthetic"}, "max_batch_size": {"string_value": "4"}}}
     assert parameters_from_model_config(config) == {"executor": "synthetic", "max_batch_size": "4"}
+
+
+def test_the_total_logits_budget_is_a_model_parameter_four_requests_by_default():
+    executor, _ = create_executor({"executor": "synthetic", "max_logits_bytes": "1000"})
+    try:
+        assert executor.logits_budget.limit == 4000
+    finally:
+        executor.shutdown()
+    with pytest.raises(ConfigError, match="max_total_logits_bytes=-1: must be at least 0"):
+        create_executor({"executor": "synthetic", "max_total_logits_bytes": "-1"})

@@ -34,6 +34,7 @@ class TritonPythonModel:
         repository = Path(args["model_repository"]).parent
         self.tokenizer = text_pipeline.repository_tokenizer({"tokenizer_dir": raw.get("tokenizer_dir", "")}, repository)
         self.end_id, self.pad_id = text_pipeline.end_and_pad_ids(self.tokenizer)
+        self.prompt_limits = text_pipeline.repository_prompt_limits(repository)
 
     def execute(self, requests: list) -> list:
         responses = []
@@ -58,11 +59,12 @@ class TritonPythonModel:
         batch = len(queries)
         end_id = tensors.get("END_ID", np.full((batch, 1), self.end_id, np.int32)).astype(np.int32).reshape(batch, 1)
         pad_id = tensors.get("PAD_ID", np.full((batch, 1), self.pad_id, np.int32)).astype(np.int32).reshape(batch, 1)
-        input_ids, input_lengths = text_pipeline.encode_batch(self.tokenizer, queries, self.add_special_tokens, self.pad_id)
+        input_ids, input_lengths = text_pipeline.encode_batch(self.tokenizer, queries, self.add_special_tokens, self.pad_id,
+                                                              self.prompt_limits)
         if "DECODER_QUERY" in tensors:
             decoder_queries = text_pipeline.texts("DECODER_QUERY", tensors["DECODER_QUERY"])
             decoder_ids, decoder_lengths = text_pipeline.encode_batch(
-                self.tokenizer, decoder_queries, self.add_special_tokens, self.pad_id)
+                self.tokenizer, decoder_queries, self.add_special_tokens, self.pad_id, self.prompt_limits)
         else:  # as NVIDIA's: one pad token (tensorrt_llm ignores it for a decoder-only engine)
             decoder_ids, decoder_lengths = pad_id.copy(), np.ones((batch, 1), np.int32)
         outputs = {
@@ -70,8 +72,9 @@ class TritonPythonModel:
             "REQUEST_INPUT_LEN": input_lengths,
             "DECODER_INPUT_ID": decoder_ids,
             "REQUEST_DECODER_INPUT_LEN": decoder_lengths,
-            "BAD_WORDS_IDS": text_pipeline.word_lists(self.tokenizer, tensors.get("BAD_WORDS_DICT"), batch),
-            "STOP_WORDS_IDS": text_pipeline.word_lists(self.tokenizer, tensors.get("STOP_WORDS_DICT"), batch),
+            "BAD_WORDS_IDS": text_pipeline.word_lists("BAD_WORDS_DICT", self.tokenizer, tensors.get("BAD_WORDS_DICT"), batch),
+            "STOP_WORDS_IDS": text_pipeline.word_lists("STOP_WORDS_DICT", self.tokenizer, tensors.get("STOP_WORDS_DICT"),
+                                                       batch),
             "EMBEDDING_BIAS": text_pipeline.embedding_bias(
                 self.tokenizer, tensors.get("EMBEDDING_BIAS_WORDS"), tensors.get("EMBEDDING_BIAS_WEIGHTS"), batch),
             "REQUEST_OUTPUT_LEN": tensors["REQUEST_OUTPUT_LEN"].astype(np.int32),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .conventions.common import InvalidInput, Limits, check_prompt_size, check_word_texts
 from .executor_interface import Tokenizer
 from .params import ConfigError, Params
 from .server import EXECUTOR_OVERRIDE_ENV
@@ -23,12 +24,9 @@ TARGET_MODEL = "tensorrt_llm"
 _PARAMETER = re.compile(r'parameters:?\s*\{\s*key:\s*"(\w+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}')
 
 
-class BadInput(ValueError):
-    """A request the pipeline models refuse (INVALID_ARG, or UNSUPPORTED when `unsupported`)."""
-
-    def __init__(self, message: str, unsupported: bool = False) -> None:
-        super().__init__(message)
-        self.unsupported = unsupported
+# A request the pipeline models refuse (INVALID_ARG, or UNSUPPORTED when `unsupported`): the conventions' own, so
+# that the size checks they share refuse here too.
+BadInput = InvalidInput
 
 
 def config_parameters(config_pbtxt: Path) -> dict[str, str]:
@@ -64,6 +62,12 @@ def repository_tokenizer(own_parameters: Mapping[str, str], repository: Path) ->
     return load_tokenizer(source or None, params.str("model_cache_dir") or None)
 
 
+def repository_prompt_limits(repository: Path) -> Limits:
+    """The prompt limit of the repository's `tensorrt_llm` (its max_input_len), for the size check before tokenizing."""
+    llm = config_parameters(repository / TARGET_MODEL / "config.pbtxt")
+    return Limits(max_input_len=Params(llm, accepted=llm.keys()).int("max_input_len", minimum=1))
+
+
 def end_and_pad_ids(tokenizer: Tokenizer) -> tuple[int, int]:
     """NVIDIA's defaults: end = the tokenizer's EOS, pad = its pad token, else EOS."""
     end_id = getattr(tokenizer, "eos_token_id", None)
@@ -84,8 +88,12 @@ def texts(name: str, array: np.ndarray) -> list[str]:
     return out
 
 
-def encode_batch(tokenizer: Tokenizer, prompts: list[str], add_special_tokens: bool, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """INPUT_ID INT32 [batch, longest] (padded with `pad_id`) and REQUEST_INPUT_LEN INT32 [batch, 1]."""
+def encode_batch(tokenizer: Tokenizer, prompts: list[str], add_special_tokens: bool, pad_id: int,
+                 limits: Limits) -> tuple[np.ndarray, np.ndarray]:
+    """INPUT_ID INT32 [batch, longest] (padded with `pad_id`) and REQUEST_INPUT_LEN INT32 [batch, 1]; a prompt too
+    long in bytes to fit `limits` is refused before anything is tokenized."""
+    for text in prompts:
+        check_prompt_size("QUERY", text, limits, tokenizer)
     encoded = [tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in prompts]
     longest = max(1, max(len(ids) for ids in encoded))
     ids = np.full((len(encoded), longest), pad_id, dtype=np.int32)
@@ -94,13 +102,14 @@ def encode_batch(tokenizer: Tokenizer, prompts: list[str], add_special_tokens: b
     return ids, np.array([[len(tokens)] for tokens in encoded], dtype=np.int32)
 
 
-def word_lists(tokenizer: Tokenizer, batch: np.ndarray | None, batch_size: int) -> np.ndarray:
+def word_lists(name: str, tokenizer: Tokenizer, batch: np.ndarray | None, batch_size: int) -> np.ndarray:
     """BAD_WORDS_DICT / STOP_WORDS_DICT [batch, words] -> INT32 [batch, 2, L]: row 0 the words' token ids, row 1
     their end offsets padded with -1 (an absent tensor: [batch, 2, 0])."""
     if batch is None:
         return np.empty((batch_size, 2, 0), dtype=np.int32)
     rows = []
     for words in batch.reshape(batch.shape[0], -1).tolist():
+        check_word_texts(name, words, tokenizer)
         ids: list[int] = []
         offsets: list[int] = []
         for word in words:
@@ -135,6 +144,7 @@ def embedding_bias(tokenizer: Tokenizer, words: np.ndarray | None, weights: np.n
                        "one weight per word")
     bias = np.zeros((words.shape[0], vocab), dtype=np.float32)
     for row in range(words.shape[0]):
+        check_word_texts("EMBEDDING_BIAS_WORDS", words[row].tolist(), tokenizer)
         for word, weight in zip(words[row].tolist(), weights[row].tolist(), strict=True):
             if not np.isfinite(weight):
                 raise BadInput(f"EMBEDDING_BIAS_WEIGHTS: {weight} is not a finite number")

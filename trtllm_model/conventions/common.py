@@ -3,12 +3,15 @@ refusal a parser raises. Pure numpy; no Triton here."""
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..executor_interface import GenerationRequest
+from ..executor_interface import GenerationRequest, Tokenizer
+from ..request_checks import MAX_WORD_LIST_TOKENS, MAX_WORD_TOKENS, MAX_WORDS
 
 UINT64_MAX = 2**64 - 1
 
@@ -104,3 +107,62 @@ def in_range(name: str, value: int, minimum: int | None, maximum: int | None) ->
     if maximum is not None and value > maximum:
         raise InvalidInput(f"{name}={value}: must be at most {maximum}")
     return value
+
+
+# Bytes one token may stand for when a tokenizer cannot list its vocabulary: one UTF-8 character.
+MIN_TOKEN_BYTES = 4
+# Prompt tokens when neither max_input_len nor max_seq_len bounds them (no engine served here has more positions).
+UNBOUNDED_PROMPT_TOKENS = 2**20
+_LONGEST_TOKEN_BYTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def longest_token_bytes(tokenizer: Tokenizer) -> int:
+    """UTF-8 bytes of the tokenizer's longest vocabulary entry (computed once per tokenizer: ~50 ms for 49k entries).
+
+    An entry's text is at least as long as the text its token stands for (byte-level BPE writes each byte as one
+    character of 1-2 bytes, SentencePiece a space as the 3-byte '▁', byte-fallback tokens as '<0xNN>'), so a text
+    longer than max_input_len times this cannot tokenize within max_input_len: refusing it before tokenizing
+    refuses nothing that fits (tokenizers whose normalizer drops characters aside)."""
+    try:
+        return _LONGEST_TOKEN_BYTES[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    vocab = getattr(tokenizer, "get_vocab", None)
+    longest = max((len(entry.encode()) for entry in vocab()), default=0) if vocab is not None else 0
+    longest = max(longest, MIN_TOKEN_BYTES)
+    with contextlib.suppress(TypeError):  # not weak-referenceable: computed again next time
+        _LONGEST_TOKEN_BYTES[tokenizer] = longest
+    return longest
+
+
+def element_bytes(item) -> int:
+    """Size of one BYTES element without decoding it."""
+    return len(item) if isinstance(item, (bytes, bytearray, memoryview)) else len(str(item).encode())
+
+
+def check_prompt_size(name: str, item, limits: Limits, tokenizer: Tokenizer) -> None:
+    """InvalidInput before tokenizing a prompt too long in bytes to fit max_input_len tokens (see longest_token_bytes)."""
+    bound = next((f"{key}={value}" for key, value in (("max_input_len", limits.max_input_len),
+                                                      ("max_seq_len", limits.max_seq_len)) if value), None)
+    tokens = limits.max_input_len or limits.max_seq_len or UNBOUNDED_PROMPT_TOKENS
+    per_token = longest_token_bytes(tokenizer)
+    size = element_bytes(item)
+    if size > tokens * per_token:
+        raise InvalidInput(f"{name}: {size} bytes cannot fit {bound or tokens} tokens: at most {tokens * per_token} "
+                           f"bytes ({tokens} x {per_token}, the tokenizer's longest token in bytes)")
+
+
+def check_word_texts(name: str, items: list, tokenizer: Tokenizer) -> None:
+    """InvalidInput, before tokenizing, for a list of words (text) over request_checks' word bounds: more than
+    MAX_WORDS words, a word longer in bytes than MAX_WORD_TOKENS tokens can be, or all longer than
+    MAX_WORD_LIST_TOKENS tokens can be."""
+    if len(items) > MAX_WORDS:
+        raise InvalidInput(f"{name}: {len(items)} words; at most {MAX_WORDS} per list")
+    per_token = longest_token_bytes(tokenizer)
+    sizes = [element_bytes(item) for item in items]
+    if max(sizes, default=0) > MAX_WORD_TOKENS * per_token:
+        raise InvalidInput(f"{name}: a word of {max(sizes)} bytes; at most {MAX_WORD_TOKENS * per_token} "
+                           f"({MAX_WORD_TOKENS} tokens of at most {per_token} bytes)")
+    if sum(sizes) > MAX_WORD_LIST_TOKENS * per_token:
+        raise InvalidInput(f"{name}: {sum(sizes)} bytes in all; at most {MAX_WORD_LIST_TOKENS * per_token} "
+                           f"({MAX_WORD_LIST_TOKENS} tokens of at most {per_token} bytes)")

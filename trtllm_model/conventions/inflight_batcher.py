@@ -13,7 +13,20 @@ import math
 import numpy as np
 
 from ..executor_interface import OPTIONAL_INPUTS, GenerationRequest, Tokenizer
-from .common import PERF_OUTPUTS, UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent, in_range, utf8
+from ..request_checks import MAX_BIAS_VALUES, MAX_GUIDE_BYTES, MAX_NAME_BYTES, MAX_WORD_LIST_TOKENS
+from .common import (
+    PERF_OUTPUTS,
+    UINT64_MAX,
+    InvalidInput,
+    Limits,
+    ParsedRequest,
+    ResponseContent,
+    check_prompt_size,
+    check_word_texts,
+    element_bytes,
+    in_range,
+    utf8,
+)
 
 # Alternative spellings: NVIDIA renamed some inputs in 2025-05 and the text-level model uses other names.
 _ALIASES = {
@@ -152,14 +165,18 @@ def _check_batch_of_one(tensors: dict[str, np.ndarray]) -> None:
             raise InvalidInput(f"{name}: batch size {array.shape[0]}; send one sequence per request")
 
 
-def _token_list(name: str, array: np.ndarray, limits: Limits) -> list[int]:
+def _token_list(name: str, array: np.ndarray, limits: Limits, length: int | None) -> list[int]:
+    """The first `length` (None: all) token ids, each within the vocabulary; no more than max_input_len is read."""
     if not np.issubdtype(array.dtype, np.integer):
         raise InvalidInput(f"{name}: expected INT32 token ids, got {array.dtype}")
     if array.ndim == 2 and array.shape[0] != 1:
         raise InvalidInput(f"{name}: batch size {array.shape[0]}; send one sequence per request")
     if array.ndim > 2:
         raise InvalidInput(f"{name}: expected shape [1, tokens], got {list(array.shape)}")
-    ids = array.reshape(-1).tolist()
+    array = array.reshape(-1)[:length]
+    if limits.max_input_len is not None and array.size > limits.max_input_len:
+        raise InvalidInput(f"{name}: prompt of {array.size} tokens is over max_input_len={limits.max_input_len}")
+    ids = array.tolist()
     bad = [t for t in ids if t < 0 or (limits.vocab_size is not None and t >= limits.vocab_size)]
     if bad:
         raise InvalidInput(f"{name}: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})")
@@ -172,6 +189,8 @@ def words_from_offsets(name: str, array: np.ndarray) -> list[list[int]]:
         array = array[0]
     if array.ndim != 2 or array.shape[0] != 2 or not np.issubdtype(array.dtype, np.integer):
         raise InvalidInput(f"{name}: expected INT32 of shape [1, 2, L], got {array.dtype} {list(array.shape)}")
+    if array.shape[1] > MAX_WORD_LIST_TOKENS:  # before reading it: the engines test every word at every step
+        raise InvalidInput(f"{name}: {array.shape[1]} token ids; at most {MAX_WORD_LIST_TOKENS} per list")
     ids, offsets = array[0].tolist(), [o for o in array[1].tolist() if o != -1]
     words, start = [], 0
     for end in offsets:
@@ -196,8 +215,10 @@ def words_to_offsets(words: list[list[int]]) -> np.ndarray:
 
 
 def _text_words(name: str, array: np.ndarray, tokenizer: Tokenizer) -> list[list[int]]:
+    items = array.reshape(-1).tolist()
+    check_word_texts(name, items, tokenizer)
     words = []
-    for item in array.reshape(-1).tolist():
+    for item in items:
         text = utf8(name, item)
         if text:
             words.append(tokenizer.encode(text, add_special_tokens=False))
@@ -237,6 +258,7 @@ def parse_request(
         array = tensors["text_input"]
         if array.size != 1:
             raise InvalidInput(f"text_input: expected one string per request, got shape {list(array.shape)}")
+        check_prompt_size("text_input", array.reshape(-1)[0], limits, tokenizer)
         text = utf8("text_input", array.reshape(-1)[0])
         if not text:
             raise InvalidInput("text_input: the prompt is empty")
@@ -245,10 +267,8 @@ def parse_request(
         else:
             input_ids = tokenizer.encode(text)
     elif "input_ids" in tensors:
-        input_ids = _token_list("input_ids", tensors["input_ids"], limits)
         length = _int(scalars, "input_lengths", minimum=1)  # over the ids given: all of them, as NVIDIA's slice
-        if length is not None:
-            input_ids = input_ids[:length]
+        input_ids = _token_list("input_ids", tensors["input_ids"], limits, length)
     else:
         raise InvalidInput("input_ids or text_input: one of them is required")
     if not input_ids:
@@ -376,19 +396,25 @@ def _embedding_bias(tensors: dict[str, np.ndarray], limits: Limits, tokenizer: T
     if "embedding_bias" in tensors and tensors["embedding_bias"].size:
         if has_words:
             raise InvalidInput("embedding_bias and embedding_bias_words: give one of them, not both")
+        size, vocab = tensors["embedding_bias"].size, limits.vocab_size
+        if size != (vocab or size) or size > MAX_BIAS_VALUES:  # before reading the values
+            expected = f"one per token id, {vocab}" if vocab else f"at most {MAX_BIAS_VALUES}"
+            raise InvalidInput(f"embedding_bias: {size} values; expected {expected}")
         return tensors["embedding_bias"].astype(np.float32).reshape(-1).tolist()
     if not has_words:
         return None
-    words = tensors.get("embedding_bias_words", np.empty(0, np.object_)).reshape(-1).tolist()
-    weights = tensors.get("embedding_bias_weights", np.empty(0, np.float32)).reshape(-1).tolist()
-    if len(words) != len(weights):
+    words = tensors.get("embedding_bias_words", np.empty(0, np.object_)).reshape(-1)
+    weights = tensors.get("embedding_bias_weights", np.empty(0, np.float32)).reshape(-1)
+    if words.size != weights.size:
         raise InvalidInput(
-            f"embedding_bias_words and embedding_bias_weights: {len(words)} words but {len(weights)} weights"
+            f"embedding_bias_words and embedding_bias_weights: {words.size} words but {weights.size} weights"
         )
-    if not words:
+    if not words.size:
         return None
     if tokenizer is None:
         raise InvalidInput("embedding_bias_words: this executor has no tokenizer; send embedding_bias", unsupported=True)
+    words, weights = words.tolist(), weights.tolist()
+    check_word_texts("embedding_bias_words", words, tokenizer)
     vocab = limits.vocab_size or len(tokenizer)
     bias = np.zeros(vocab, np.float32)
     for word, weight in zip(words, weights, strict=True):
@@ -419,12 +445,15 @@ def _lora(tensors: dict[str, np.ndarray], scalars) -> tuple[int | None, np.ndarr
     return task_id, weights, config
 
 
-def _one_string(tensors: dict[str, np.ndarray], name: str) -> str | None:
+def _one_string(tensors: dict[str, np.ndarray], name: str, max_bytes: int = MAX_NAME_BYTES) -> str | None:
     if name not in tensors:
         return None
     array = tensors[name]
     if array.size != 1:
         raise InvalidInput(f"{name}: expected one string per request, got shape {list(array.shape)}")
+    size = element_bytes(array.reshape(-1)[0])
+    if size > max_bytes:
+        raise InvalidInput(f"{name}: {size} bytes; at most {max_bytes}")
     return utf8(name, array.reshape(-1)[0])
 
 
@@ -438,7 +467,7 @@ def _cache_salt(tensors: dict[str, np.ndarray]) -> str | None:
 
 def _guided_decoding(tensors: dict[str, np.ndarray]) -> tuple[str | None, str | None]:
     guide_type = _one_string(tensors, "guided_decoding_guide_type")
-    guide = _one_string(tensors, "guided_decoding_guide")
+    guide = _one_string(tensors, "guided_decoding_guide", MAX_GUIDE_BYTES)
     if guide_type is None:
         if guide is not None:
             raise InvalidInput("guided_decoding_guide: needs guided_decoding_guide_type")

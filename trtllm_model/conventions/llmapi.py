@@ -18,7 +18,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..executor_interface import GenerationRequest, Tokenizer
-from .common import UINT64_MAX, InvalidInput, Limits, ParsedRequest, ResponseContent, in_range, utf8
+from ..request_checks import MAX_NAME_BYTES
+from .common import (
+    UINT64_MAX,
+    InvalidInput,
+    Limits,
+    ParsedRequest,
+    ResponseContent,
+    check_prompt_size,
+    check_word_texts,
+    element_bytes,
+    in_range,
+    utf8,
+)
 
 # name -> (Triton data type, dims), as NVIDIA's llmapi config.pbtxt declares them. text_input alone is required.
 INPUTS = {
@@ -67,6 +79,8 @@ OUTPUTS = {
 # The LLM API's SamplingParams.max_tokens default (NVIDIA's model passes no other when the input is absent).
 DEFAULT_MAX_TOKENS = 32
 LORA_CKPT_SOURCES = ("hf", "nemo")
+# image_url entries in one request (a multimodal prompt's images).
+MAX_IMAGES = 16
 STOP_ERROR = "Request cancelled by client"  # NVIDIA's message for the answer to a `stop` request
 # Our finish reasons (executor_interface.FinishReason values) -> the LLM API's.
 FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "length": "length", "timeout": "timeout",
@@ -183,11 +197,12 @@ def parse_request(
     if prompts.size != 1:
         raise InvalidInput(f"text_input: expected one prompt per request, got {prompts.size} "
                            "(shape [1]; NVIDIA's model reads only the first)")
+    check_prompt_size("text_input", prompts[0], limits, tokenizer)
     text = utf8("text_input", prompts[0])
     if not text:
         raise InvalidInput("text_input: the prompt is empty")
     _check_image_url(tensors, options)
-    lora = _lora(tensors)
+    lora = _lora(tensors, "lora_request" in options.executor_features, limits.executor_name)
     processor = _string(tensors, "sampling_param_logits_post_processor_name")
     if processor and processor not in options.logits_post_processors:
         available = ", ".join(sorted(options.logits_post_processors)) or "none configured"
@@ -197,13 +212,12 @@ def parse_request(
     if best_of != 1:
         raise InvalidInput(f"sampling_param_best_of={best_of}: the {limits.executor_name} executor returns one "
                            "sequence per request (best_of 1)", unsupported=True)
-    if lora is not None and "lora_request" not in options.executor_features:
-        raise InvalidInput(f"lora_path: LoRA adapters by path need executor trtllm_llmapi, not "
-                           f"{limits.executor_name}", unsupported=True)
     if processor and "logits_post_processor" not in options.executor_features:
         raise InvalidInput(f"sampling_param_logits_post_processor_name: the {limits.executor_name} executor runs no "
                            "logits post-processors", unsupported=True)
 
+    stop_items = tensors.get("sampling_param_stop", np.empty(0)).reshape(-1).tolist()
+    check_word_texts("sampling_param_stop", stop_items, tokenizer)  # before tokenizing anything (each string twice)
     input_ids = tokenizer.encode(text)
     if limits.max_input_len is not None and len(input_ids) > limits.max_input_len:
         raise InvalidInput(f"text_input: prompt of {len(input_ids)} tokens is over max_input_len={limits.max_input_len}")
@@ -215,8 +229,7 @@ def parse_request(
     if streaming and not limits.decoupled:
         raise InvalidInput("streaming=true: Streaming is only supported in decoupled mode (set triton_config.decoupled"
                            " in model.yaml, or serve with --decoupled true)")
-    stop_strings = [utf8("sampling_param_stop", item) for item in tensors.get("sampling_param_stop", np.empty(0))
-                    .reshape(-1)]
+    stop_strings = [utf8("sampling_param_stop", item) for item in stop_items]
     stop_strings = [s for s in stop_strings if s]
     # The engines stop on token sequences: a stop string matches as it tokenizes alone and after a space (the way a
     # word inside a text tokenizes), which is where it usually follows.
@@ -271,6 +284,8 @@ def _check_image_url(tensors: dict[str, np.ndarray], options: LlmApiOptions) -> 
         return
     if not options.multimodal:
         raise InvalidInput("image_url: this model is not multimodal (triton_config.multimodal in model.yaml)")
+    if tensors["image_url"].size > MAX_IMAGES:
+        raise InvalidInput(f"image_url: {tensors['image_url'].size} images; at most {MAX_IMAGES}")
     for item in tensors["image_url"].reshape(-1):
         url = utf8("image_url", item)
         if not url.startswith(("http://", "https://", "data:")):
@@ -280,7 +295,9 @@ def _check_image_url(tensors: dict[str, np.ndarray], options: LlmApiOptions) -> 
         raise InvalidInput("image_url: no executor here takes images", unsupported=True)
 
 
-def _lora(tensors: dict[str, np.ndarray]) -> tuple[int, str, str, str] | None:
+def _lora(tensors: dict[str, np.ndarray], enabled: bool, executor_name: str) -> tuple[int, str, str, str] | None:
+    """The adapter asked for; with LoRA off (`enabled` False) refused before the path is looked at, so that a client
+    cannot learn which server paths exist."""
     lora_id = _int(tensors, "lora_id", None, minimum=0, maximum=UINT64_MAX)
     name, path = _string(tensors, "lora_name"), _string(tensors, "lora_path")
     given = {"lora_id": lora_id, "lora_name": name, "lora_path": path}
@@ -291,6 +308,9 @@ def _lora(tensors: dict[str, np.ndarray]) -> tuple[int, str, str, str] | None:
     missing = [key for key, value in given.items() if value is None]
     if missing:
         raise InvalidInput(f"{', '.join(missing)}: lora_id, lora_name and lora_path must all be provided together")
+    if not enabled:
+        raise InvalidInput(f"lora_path: LoRA adapters by path need executor trtllm_llmapi, not {executor_name}",
+                           unsupported=True)
     source = _string(tensors, "lora_ckpt_source") or "hf"
     if source not in LORA_CKPT_SOURCES:
         raise InvalidInput(f"lora_ckpt_source={source!r}: expected one of {', '.join(LORA_CKPT_SOURCES)}")
@@ -336,6 +356,8 @@ def _float(tensors, name: str, minimum: float | None = None, maximum: float | No
 
 def _string(tensors, name: str) -> str | None:
     value = _one(tensors, name)
+    if value is not None and element_bytes(value) > MAX_NAME_BYTES:
+        raise InvalidInput(f"{name}: {element_bytes(value)} bytes; at most {MAX_NAME_BYTES}")
     return None if value is None else utf8(name, value)
 
 

@@ -10,6 +10,7 @@ import importlib
 
 from ..executor_interface import DEFAULT_MAX_LOGITS_BYTES, Executor
 from ..params import ConfigError, Params
+from ..request_checks import DEFAULT_TOTAL_LOGITS_REQUESTS, LogitsBudget, bound_logits_in_flight
 from ..request_checks import PARAMETERS as CHECK_PARAMETERS
 
 DEFAULT_EXECUTOR = "transformers"
@@ -29,7 +30,19 @@ def create_executor(raw_params: dict[str, str], override: str | None = None) -> 
         raise ConfigError(f"parameter executor={name!r}: expected one of {', '.join(sorted(EXECUTOR_MODULES))}")
     module = importlib.import_module(EXECUTOR_MODULES[name])
     params = Params(raw_params, accepted=module.PARAMETERS | CHECK_PARAMETERS)
-    max_logits_bytes = params.int("max_logits_bytes", DEFAULT_MAX_LOGITS_BYTES, minimum=0)  # before the slow load
+    bounds = logits_bounds(params)  # before the slow load
     executor = module.create(params)
-    executor.max_logits_bytes = max_logits_bytes
+    apply_logits_bounds(executor, bounds)
     return executor, params
+
+
+def logits_bounds(params: Params) -> tuple[int, int]:
+    """`max_logits_bytes` (one request) and `max_total_logits_bytes` (all requests in flight; default 4 requests'
+    worth), checked."""
+    one = params.int("max_logits_bytes", DEFAULT_MAX_LOGITS_BYTES, minimum=0)
+    return one, params.int("max_total_logits_bytes", DEFAULT_TOTAL_LOGITS_REQUESTS * one, minimum=0)
+
+
+def apply_logits_bounds(executor: Executor, bounds: tuple[int, int]) -> None:
+    executor.max_logits_bytes = bounds[0]
+    bound_logits_in_flight(executor, LogitsBudget(bounds[1]))

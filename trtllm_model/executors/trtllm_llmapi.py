@@ -33,6 +33,7 @@ from ..executor_interface import (
 from ..params import ConfigError, Params
 from ..request_checks import PARAMETERS as CHECK_PARAMETERS
 from ..request_checks import check_request
+from . import apply_logits_bounds, logits_bounds
 from .trtllm_engine import import_tensorrt_llm
 from .trtllm_llmapi_mapping import (
     ENGINE_ONLY_NVIDIA_PARAMETERS,
@@ -286,6 +287,7 @@ def create_from_model_yaml(config: Any, raw_params: dict[str, str]) -> tuple[Llm
     to `tensorrt_llm.LLM(**kwargs)` (a `kv_cache_config` mapping as a KvCacheConfig), and the named logits
     post-processors are imported as NVIDIA's model imports them."""
     params = Params(raw_params, accepted=CHECK_PARAMETERS)
+    logits = logits_bounds(params)
     kwargs = dict(config.llm_kwargs)
     processors = load_logits_post_processors(config.logits_post_processors)
     tensorrt_llm = import_tensorrt_llm("tensorrt_llm", "trtllm_llmapi")
@@ -304,6 +306,7 @@ def create_from_model_yaml(config: Any, raw_params: dict[str, str]) -> tuple[Llm
     executor.build_limits = (llm_build_limits(llm.args, checkpoint_json, checkpoint) if checkpoint_json else
                              BuildLimits(max_seq_len=getattr(llm.args, "max_seq_len", None), source=str(config.path)))
     _enable_guided_decoding(executor, llm)
+    apply_logits_bounds(executor, logits)
     return executor, params
 
 

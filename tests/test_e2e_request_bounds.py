@@ -1,0 +1,87 @@
+"""Size bounds on what a client sends, against a real tritonserver serving the embedded SmolLM2 on CPU (as `make
+serve` does): oversized prompts and word lists are refused before anything expensive runs, while the requests beside
+them are answered; the logits of requests in flight share one budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import start_server
+from triton_client import StreamClient, model_error, stream_once, text_inputs, token_inputs
+
+from trtllm_model.request_checks import MAX_WORDS
+
+pytestmark = pytest.mark.e2e
+
+VOCAB = 49152  # SmolLM2's
+LOGITS_TOKENS = 24  # return_generation_logits of this many tokens: 24 x 49152 x 4 = 4.7 MB
+# Room for one such request in flight, not two.
+TOTAL_LOGITS_BYTES = 6_000_000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("request_bounds"), executor="transformers",
+                          parameters={"max_total_logits_bytes": str(TOTAL_LOGITS_BYTES)})
+    yield server
+    server.stop()
+
+
+def _errors(result) -> list[str]:
+    return [model_error(error) for error in result.errors]
+
+
+def test_huge_prompt_and_word_list_are_refused_while_a_small_stream_is_answered(server):
+    """A 10 MB text_input took the model's intake for 14.7 s (tokenized whole before its length was checked) and a
+    4 MB bad_words list was accepted; both are refused from their size now, before the small stream beside them
+    (already generating when they arrive) has finished its 96 tokens."""
+    small_client, big_client = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
+    try:
+        small = small_client.send("tensorrt_llm", token_inputs([1, 504, 3575], 96, min_tokens=(96, np.int32)), "small")
+        while not small.responses and not small.done.is_set():
+            small.done.wait(0.05)
+        prompt = big_client.send("tensorrt_llm", text_inputs("hello world " * 870_000, 8), "prompt")  # 10.4 MB
+        words = [f"word{i:05d}".encode() * 4 for i in range(100_000)]  # 100k words of 36 bytes: 3.6 MB
+        listed = big_client.send("tensorrt_llm", token_inputs([1, 504], 8, bad_words=(words, np.object_)), "words")
+        prompt.wait(120)
+        listed.wait(120)
+        small_done_after_refusals = not small.done.is_set()
+        small.wait(300)
+    finally:
+        small_client.close()
+        big_client.close()
+    assert len(prompt.errors) == 1 and _errors(prompt)[0].startswith("INVALID_ARG: text_input: 10440000 bytes"), \
+        prompt.errors
+    assert "max_input_len=4096" in prompt.errors[0], prompt.errors
+    assert len(listed.errors) == 1 and _errors(listed)[0].startswith(
+        f"INVALID_ARG: bad_words: 100000 words; at most {MAX_WORDS}"), listed.errors
+    assert small.errors == [] and small.finals == 1 and len(small.tokens()) == 96
+    assert small_done_after_refusals, "the refusals came after the small stream had finished"
+    after = stream_once(server.grpc_url, "tensorrt_llm", text_inputs("The capital of France is", 4), timeout_s=120)
+    assert after.errors == [] and after.text()
+
+
+def test_logits_of_requests_in_flight_share_one_budget(server):
+    """Two requests asking for 4.7 MB of logits each against max_total_logits_bytes=6000000: the second, sent while
+    the first runs, is refused UNAVAILABLE (retry later); once the first has ended a third is answered."""
+    first_client, second_client = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
+    logits = {"return_generation_logits": (True, np.bool_), "min_tokens": (LOGITS_TOKENS, np.int32)}
+    try:
+        first = first_client.send("tensorrt_llm", token_inputs([1, 504, 3575], LOGITS_TOKENS, **logits), "first")
+        while not first.responses and not first.done.is_set():
+            first.done.wait(0.05)
+        second = second_client.send("tensorrt_llm", token_inputs([1, 504, 3576], LOGITS_TOKENS, **logits), "second")
+        second.wait(120)
+        first.wait(300)
+    finally:
+        first_client.close()
+        second_client.close()
+    assert first.errors == [] and len(first.tokens()) == LOGITS_TOKENS
+    shapes = [r.as_numpy("generation_logits").shape for r in first.responses]
+    assert sum(shape[-2] for shape in shapes) == LOGITS_TOKENS and {shape[-1] for shape in shapes} == {VOCAB}
+    assert len(second.errors) == 1 and _errors(second)[0].startswith("UNAVAILABLE: queue full: logits budget"), \
+        second.errors
+    assert f"max_total_logits_bytes={TOTAL_LOGITS_BYTES}" in second.errors[0] and "retry" in second.errors[0]
+    third = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 504, 3577], LOGITS_TOKENS, **logits),
+                        timeout_s=300)
+    assert third.errors == [] and len(third.tokens()) == LOGITS_TOKENS
