@@ -37,7 +37,7 @@ def ensemble_rows(rows: int, max_tokens: int) -> list:
     ]
 
 
-def flood(url: str, rows: int, max_tokens: int, stop: threading.Event, counts: dict) -> None:
+def flood(url: str, rows: int, max_tokens: int, stop: threading.Event, counts: dict, cancel: bool) -> None:
     while not stop.is_set():
         client = StreamClient(url)
         try:
@@ -47,7 +47,10 @@ def flood(url: str, rows: int, max_tokens: int, stop: threading.Event, counts: d
             while not result.responses and not result.errors and time.monotonic() < deadline:
                 time.sleep(0.005)
             counts["refused" if result.errors else "started"] += 1
-            client.cancel()
+            if cancel:
+                client.cancel()
+            else:  # the comparison: a client that keeps its request to its end (one final for all its rows)
+                result.wait(600)
         finally:
             client.close()
 
@@ -60,7 +63,8 @@ def victim(url: str, stop: threading.Event, outcomes: list) -> None:
         time.sleep(0.1)
 
 
-def run(seconds: float, rows: int, max_tokens: int, flooders: int, parameters: dict[str, str]) -> dict:
+def run(seconds: float, rows: int, max_tokens: int, flooders: int, parameters: dict[str, str],
+        cancel: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="ensemble-flood-") as workdir:
         server = start_server(Path(workdir), parameters=parameters)
         try:
@@ -72,7 +76,7 @@ def run(seconds: float, rows: int, max_tokens: int, flooders: int, parameters: d
             time.sleep(3)
             base_stop.set()
             base.join()
-            threads = [threading.Thread(target=flood, args=(server.grpc_url, rows, max_tokens, stop, counts))
+            threads = [threading.Thread(target=flood, args=(server.grpc_url, rows, max_tokens, stop, counts, cancel))
                        for _ in range(flooders)]
             threads.append(threading.Thread(target=victim, args=(server.grpc_url, stop, outcomes)))
             for thread in threads:
@@ -97,7 +101,7 @@ def run(seconds: float, rows: int, max_tokens: int, flooders: int, parameters: d
         if error is not None:
             refusals[error] = refusals.get(error, 0) + 1
     return {
-        "rows": rows, "max_tokens": max_tokens, "flooders": flooders, "seconds": seconds, "parameters": parameters,
+        "rows": rows, "max_tokens": max_tokens, "flooders": flooders, "cancel": cancel, "seconds": seconds, "parameters": parameters,
         "flood_requests": counts,
         "victim_alone_p50_s": statistics.median(s for _, s in baseline),
         "victim_requests": len(outcomes), "victim_served": len(served),
@@ -116,10 +120,11 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=2000)
     parser.add_argument("--flooders", type=int, default=1)
     parser.add_argument("--param", action="append", default=[], help="tensorrt_llm parameter key=value")
+    parser.add_argument("--no-cancel", action="store_true", help="flooders keep their requests to the end")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     parameters = dict(p.split("=", 1) for p in args.param)
-    report = run(args.seconds, args.rows, args.max_tokens, args.flooders, parameters)
+    report = run(args.seconds, args.rows, args.max_tokens, args.flooders, parameters, cancel=not args.no_cancel)
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:
