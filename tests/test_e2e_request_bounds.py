@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from conftest import start_server
-from triton_client import StreamClient, model_error, stream_once, text_inputs, token_inputs
+from triton_client import StreamClient, as_inputs, model_error, stream_once, text_inputs, token_inputs
+from tritonclient.utils import InferenceServerException
 
 from trtllm_model.request_checks import MAX_WORDS
 
@@ -22,7 +24,8 @@ TOTAL_LOGITS_BYTES = 6_000_000
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("request_bounds"), executor="transformers",
-                          parameters={"max_total_logits_bytes": str(TOTAL_LOGITS_BYTES)})
+                          parameters={"max_total_logits_bytes": str(TOTAL_LOGITS_BYTES)},
+                          models=("tensorrt_llm", "preprocessing", "postprocessing"))
     yield server
     server.stop()
 
@@ -85,3 +88,29 @@ def test_logits_of_requests_in_flight_share_one_budget(server):
     third = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 504, 3577], LOGITS_TOKENS, **logits),
                         timeout_s=300)
     assert third.errors == [] and len(third.tokens()) == LOGITS_TOKENS
+
+
+def test_preprocessing_and_postprocessing_refuse_oversized_inputs_before_the_tokenizer_runs(server):
+    """NVIDIA's three-model path: QUERY and BAD_WORDS_DICT are tokenized by `preprocessing`, TOKENS_BATCH decoded by
+    `postprocessing`; each is bounded as tensorrt_llm's own inputs are (its max_input_len 4096, max_output_len 4096)."""
+    def query(text: bytes, **extra) -> dict[str, np.ndarray]:
+        return {"QUERY": np.array([[text]], np.object_), "REQUEST_OUTPUT_LEN": np.array([[8]], np.int32), **extra}
+
+    cases = {
+        "preprocessing": [
+            (query(b"hello world " * 870_000), "QUERY: 10440000 bytes cannot fit max_input_len=4096"),
+            (query(b"hi", BAD_WORDS_DICT=np.array([[b"w"] * 2000], np.object_)), "BAD_WORDS_DICT: 2000 words"),
+        ],
+        "postprocessing": [
+            ({"TOKENS_BATCH": np.full((1, 1, 9000), 504, np.int32), "SEQUENCE_LENGTH": np.array([[9000]], np.int32)},
+             "SEQUENCE_LENGTH: 9000 tokens; at most 8192"),
+        ],
+    }
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        for model, refused in cases.items():
+            for tensors, message in refused:
+                with pytest.raises(InferenceServerException) as raised:
+                    client.infer(model, as_inputs(tensors))
+                assert raised.value.message().startswith(f"INVALID_ARG: {message}"), raised.value.message()
+        answered = client.infer("preprocessing", as_inputs(query(b"The capital of France is")))
+    assert answered.as_numpy("REQUEST_INPUT_LEN")[0, 0] > 0

@@ -162,6 +162,15 @@ def test_preprocessing_bounds_queries_and_word_lists_before_tokenizing():
     assert tokenizer.encoded_bytes == 0
 
 
+def test_postprocessing_refuses_sequences_longer_than_tensorrt_llm_writes_before_decoding():
+    limits = Limits(max_input_len=16, max_output_len=8)
+    tokens = np.full((1, 1, 100), 97, np.int32)
+    with pytest.raises(text_pipeline.BadInput, match=r"SEQUENCE_LENGTH: 25 tokens; at most 24"):
+        text_pipeline.decode_batch(SyntheticTokenizer(), tokens, np.array([[25]], np.int32), True, limits)
+    assert text_pipeline.decode_batch(SyntheticTokenizer(), tokens, np.array([[24]], np.int32), True, limits)[0, 0] \
+        == b"a" * 24
+
+
 def llmapi_parse(tokenizer, features=frozenset(), **tensors):
     arrays = {"text_input": np.array([b"hi"], np.object_), "sampling_param_max_tokens": np.array([3], np.int32)}
     arrays.update(tensors)

@@ -27,6 +27,7 @@ class TritonPythonModel:
         self.skip_special_tokens = params.bool("skip_special_tokens", True)
         repository = Path(args["model_repository"]).parent
         self.tokenizer = text_pipeline.repository_tokenizer({"tokenizer_dir": raw.get("tokenizer_dir", "")}, repository)
+        self.limits = text_pipeline.repository_limits(repository)
 
     def execute(self, requests: list) -> list:
         responses = []
@@ -36,7 +37,8 @@ class TritonPythonModel:
                 if "TOKENS_BATCH" not in tensors or "SEQUENCE_LENGTH" not in tensors:
                     raise text_pipeline.BadInput("TOKENS_BATCH and SEQUENCE_LENGTH: both required")
                 text = text_pipeline.decode_batch(
-                    self.tokenizer, tensors["TOKENS_BATCH"], tensors["SEQUENCE_LENGTH"], self.skip_special_tokens)
+                    self.tokenizer, tensors["TOKENS_BATCH"], tensors["SEQUENCE_LENGTH"], self.skip_special_tokens,
+                    self.limits)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", text)]))
             except text_pipeline.BadInput as exc:
                 code = ErrorCode.UNSUPPORTED if exc.unsupported else ErrorCode.INVALID_ARG

@@ -34,7 +34,7 @@ class TritonPythonModel:
         repository = Path(args["model_repository"]).parent
         self.tokenizer = text_pipeline.repository_tokenizer({"tokenizer_dir": raw.get("tokenizer_dir", "")}, repository)
         self.end_id, self.pad_id = text_pipeline.end_and_pad_ids(self.tokenizer)
-        self.prompt_limits = text_pipeline.repository_prompt_limits(repository)
+        self.prompt_limits = text_pipeline.repository_limits(repository)
 
     def execute(self, requests: list) -> list:
         responses = []

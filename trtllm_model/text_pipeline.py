@@ -62,10 +62,12 @@ def repository_tokenizer(own_parameters: Mapping[str, str], repository: Path) ->
     return load_tokenizer(source or None, params.str("model_cache_dir") or None)
 
 
-def repository_prompt_limits(repository: Path) -> Limits:
-    """The prompt limit of the repository's `tensorrt_llm` (its max_input_len), for the size check before tokenizing."""
+def repository_limits(repository: Path) -> Limits:
+    """max_input_len and max_output_len of the repository's `tensorrt_llm`: what may be tokenized or decoded here."""
     llm = config_parameters(repository / TARGET_MODEL / "config.pbtxt")
-    return Limits(max_input_len=Params(llm, accepted=llm.keys()).int("max_input_len", minimum=1))
+    params = Params(llm, accepted=llm.keys())
+    return Limits(max_input_len=params.int("max_input_len", minimum=1),
+                  max_output_len=params.int("max_output_len", minimum=1))
 
 
 def end_and_pad_ids(tokenizer: Tokenizer) -> tuple[int, int]:
@@ -155,14 +157,21 @@ def embedding_bias(tokenizer: Tokenizer, words: np.ndarray | None, weights: np.n
     return bias
 
 
-def decode_batch(tokenizer: Tokenizer, tokens: np.ndarray, lengths: np.ndarray, skip_special_tokens: bool) -> np.ndarray:
+def decode_batch(tokenizer: Tokenizer, tokens: np.ndarray, lengths: np.ndarray, skip_special_tokens: bool,
+                 limits: Limits) -> np.ndarray:
     """TOKENS_BATCH [batch, beams, tokens] and SEQUENCE_LENGTH [batch, beams] -> OUTPUT bytes [batch, beams]: each
-    sequence's first `length` tokens decoded as a whole (no clean-up of spaces, as `ensemble`'s text)."""
+    sequence's first `length` tokens decoded as a whole (no clean-up of spaces, as `ensemble`'s text); a sequence
+    longer than `tensorrt_llm` can write (max_input_len + max_output_len) is refused before any is decoded."""
     if tokens.ndim == 2:  # a client that left out the beam dimension
         tokens = tokens[:, None, :]
     lengths = lengths.reshape(tokens.shape[0], -1)
     if lengths.shape[1] != tokens.shape[1]:
         raise BadInput(f"SEQUENCE_LENGTH {list(lengths.shape)} does not match TOKENS_BATCH {list(tokens.shape)}")
+    if limits.max_input_len and limits.max_output_len and lengths.size:
+        longest, bound = int(lengths.max()), limits.max_input_len + limits.max_output_len
+        if longest > bound:
+            raise BadInput(f"SEQUENCE_LENGTH: {longest} tokens; at most {bound} (tensorrt_llm's max_input_len + "
+                           "max_output_len)")
     out = np.empty(lengths.shape, dtype=np.object_)
     for b in range(tokens.shape[0]):
         for beam in range(tokens.shape[1]):
