@@ -23,6 +23,7 @@ from trtllm_model.metrics import (
     DROPPED,
     E2E,
     GENERATION_TOKENS,
+    INLINE_FLUSH_MAX_RECORDS,
     INPUT_TOKEN_LEN,
     OUTPUT_TOKEN_LEN,
     PROMPT_TOKENS,
@@ -30,6 +31,7 @@ from trtllm_model.metrics import (
     REQUESTS_FINISHED,
     TPOT,
     TTFT,
+    FinishedRecord,
     MetricsReporter,
 )
 from trtllm_model.poller import Poller
@@ -505,3 +507,39 @@ def test_a_final_response_never_waits_on_the_executors_stats_call():
         assert waited < 0.5, f"record_finished waited {waited:.3f} s"
     finally:
         metrics.stop()
+
+
+def test_under_load_a_final_never_waits_for_another_flush_and_the_metrics_thread_records_it():
+    # Another flush holds the lock (as a final or the metrics thread mid-flush at 256 streams): a final's
+    # record_finished returns at once, makes no metric call, and the metrics thread counts the request within periods.
+    backend = RecordingBackend()
+    metrics = MetricsReporter(backend, StatsFeed(), model="tensorrt_llm", version="1", period_s=0.02)
+    metrics.start()
+    try:
+        with metrics._flush_lock:
+            started = time.monotonic()
+            metrics.record_finished(finished(prompt_len=3, tokens=16))
+            waited = time.monotonic() - started
+            assert backend.get(GENERATION_TOKENS).value == 0, "recorded while another flush held the lock"
+        assert waited < 0.05, f"record_finished waited {waited:.3f} s for another flush"
+        deadline = time.monotonic() + 5
+        while backend.get(GENERATION_TOKENS).value != 16 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert backend.get(GENERATION_TOKENS).value == 16
+        assert backend.get(OUTPUT_TOKEN_LEN).observations == [16]
+    finally:
+        metrics.stop()
+
+
+def test_with_records_waiting_beyond_the_inline_bound_a_final_leaves_them_to_the_metrics_thread():
+    backend = RecordingBackend()
+    metrics = MetricsReporter(backend, StatsFeed(), model="tensorrt_llm", version="1", period_s=30.0)
+    metrics.start()
+    try:
+        for _ in range(INLINE_FLUSH_MAX_RECORDS + 1):  # appended without a flush: as finals arriving together
+            metrics._records.append(FinishedRecord.from_context(finished(tokens=2)))
+        metrics.record_finished(finished(tokens=2))
+        assert backend.get(GENERATION_TOKENS).value == 0  # left for the metrics thread (its period here is 30 s)
+    finally:
+        metrics.stop()
+    assert backend.get(GENERATION_TOKENS).value == 2 * (INLINE_FLUSH_MAX_RECORDS + 2)  # stop() flushes them

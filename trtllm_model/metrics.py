@@ -1,24 +1,26 @@
 """Triton custom metrics, kept off the token path.
 
-Every metric call is an IPC round trip to the Triton server, so they are few and batched. The poller's
-`on_finished` hook (`MetricsReporter.record_finished`) runs right before a request's final response is sent: it
-appends a small record to a deque and flushes the records waiting, its own included, on the worker's own thread
-(one flush at a time; a worker that finds another flushing waits for it, then flushes what is left, often nothing):
-a scrape that follows the final response finds the request (NVIDIA's checks read the histograms right after the
-responses). Flushing records never calls the executor, so a final response never waits on an engine's stats call
-(`LLM.get_stats` waits its whole timeout when iteration stats are off), nor on another thread getting the GIL. What
-a final still pays is the flush's own IPC round trips (3 counters, 6 observations: about 0.7 ms at one stream on the
-2-core machine, more when sends fill the stub's channel). The `metrics` thread reads
-the executor's iteration stats every `stats_check_period_ms`, sets the gauges and observes what an earlier flush left
-over. Together they make the few metric calls that are needed:
+Every metric call is an IPC round trip to the Triton server, and tritonserver 2.51's Python backend answers metric
+(and cancellation) requests on the one thread that takes every message a stub sends, its responses included; so they
+are few and batched, and never made at the cost of the sends. The poller's `on_finished` hook
+(`MetricsReporter.record_finished`) runs right before a request's final response is sent and appends a small record
+to a deque. When the reporter is idle (no flush running, a few records at most) the worker flushes them, its own
+included, on its own thread: a scrape that follows a request that ended alone finds it (NVIDIA's checks read the
+histograms right after the responses), for the flush's own IPC round trips (3 counters, 6 observations: about 0.7 ms
+at one stream on the 2-core machine). Under load the final goes at once and the `metrics` thread flushes within a
+period. Flushing records never calls the executor, so a final response never waits on an engine's stats call
+(`LLM.get_stats` waits its whole timeout when iteration stats are off), nor on another thread getting the GIL. The
+`metrics` thread reads the executor's iteration stats every `stats_check_period_ms`, sets the gauges and observes
+what an earlier flush left over. Together they make the few metric calls that are needed:
 
 - gauges (NVIDIA's `nv_trt_llm_*` families) are set only when their value changed, so an idle server makes no
   metric calls at all;
 - counters get one `increment` per label per flush, whatever the number of requests;
 - histograms get one `observe` per finished request (Triton offers no batched observe). Those calls get a time
-  budget per flush; what doesn't fit waits for the next flush, and past `max_backlog` requests under sustained
-  overload the oldest observations are dropped and counted in `nv_llm_metrics_dropped_observations_total`
-  (counters stay exact: they are aggregated and incremented before any histogram call).
+  budget per flush (under load `OBSERVE_SHARE` of each period, so sends keep the stub's channel); what doesn't fit
+  waits for the next flush, and past `max_backlog` requests under sustained overload the oldest observations are
+  dropped and counted in `nv_llm_metrics_dropped_observations_total` (counters stay exact: they are aggregated and
+  incremented before any histogram call).
 
 A gauge whose IterationStats field is None for this executor is never created: Prometheus then has no such
 series, rather than a made-up constant.
@@ -100,6 +102,14 @@ MAX_BACKLOG = 10_000
 FINAL_FLUSH_BUDGET_S = 2.0
 # The longest a final response waits for its request's metrics (a slow or failing flush must not hold it longer).
 FINAL_WAIT_S = 0.1
+# A final flushes the finished records itself only while at most this many wait (its own included): a request that
+# ends alone leaves recorded. Beyond that the server is loaded and every metric call is an IPC round trip that holds
+# the Python backend's one stub-to-server message thread (tritonserver 2.51 answers metric and cancellation requests
+# on it, while sends only pass through it): the final goes at once and the `metrics` thread flushes within a period.
+INLINE_FLUSH_MAX_RECORDS = 4
+# Under load the `metrics` thread spends at most this share of each period observing histograms (an IPC round trip
+# each, 6 per finished request); what doesn't fit waits, and past `max_backlog` it is dropped and counted.
+OBSERVE_SHARE = 0.25
 
 
 # -- the backend: what this module needs from Triton --------------------------------------------------------------
@@ -269,14 +279,20 @@ class MetricsReporter:
 
     # -- called from the poller workers: no metric calls, no locks ------------------------------------------
     def record_finished(self, ctx: RequestContext) -> None:
-        """The poller's on_finished hook, right before the final response: record the request now (histogram
-        observations get at most FINAL_WAIT_S), so the response leaves recorded. No executor call."""
+        """The poller's on_finished hook, right before the final response. When the reporter is idle (no other
+        flush running, at most INLINE_FLUSH_MAX_RECORDS waiting) the request is recorded now, so the response leaves
+        recorded; otherwise it is left to the `metrics` thread and the final never waits. No executor call."""
         ticket = next(self._tickets)
         self._records.append(FinishedRecord.from_context(ctx, ticket=ticket))  # deque.append is thread-safe
-        if self._thread.is_alive():
-            with self._flush_lock:
-                if self._observed < ticket:  # else a flush that ran meanwhile took it
-                    self._guarded(self._flush_records, FINAL_WAIT_S)
+        if not self._thread.is_alive() or len(self._records) + len(self._unobserved) > INLINE_FLUSH_MAX_RECORDS:
+            return
+        if not self._flush_lock.acquire(blocking=False):
+            return  # another final or the metrics thread is flushing: it or the next period takes this record
+        try:
+            if self._observed < ticket:  # else a flush that ran meanwhile took it
+                self._guarded(self._flush_records, FINAL_WAIT_S)
+        finally:
+            self._flush_lock.release()
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -292,9 +308,9 @@ class MetricsReporter:
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
             self._guarded(self._flush_stats)
-            if self._records or self._unobserved:  # left over by a flush whose budget ran out
+            if self._records or self._unobserved:  # left by finals under load, or by a flush out of budget
                 with self._flush_lock:
-                    self._guarded(self._flush_records)
+                    self._guarded(self._flush_records, self.period_s * OBSERVE_SHARE)
 
     # -- the metrics thread --------------------------------------------------------------------------------------------
     def flush(self, budget_s: float | None = None) -> None:
