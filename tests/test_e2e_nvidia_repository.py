@@ -188,3 +188,24 @@ def test_a_burst_past_the_queue_is_unavailable_with_tritons_wording(client):
         assert "UNAVAILABLE" in message and "Exceeds maximum queue size" in message, message
         # The executor's queue (max_queue_size 2) or the model's bound (max_batch_size 1 + max_queue_size 2).
         assert re.search(r"Maximum queue size of [23] reached", message), message
+
+
+def test_ensemble_and_bls_give_bit_equal_log_probs_after_the_three_models(client):
+    # end_to_end_test.py --test-bls --return-log-probs: the three models, then ensemble, then tensorrt_llm_bls with
+    # the same prompt, one after the other; it compares the two paths' log probs with np.array_equal. The prompt's
+    # blocks are in the prefix cache from the first request on: every path must give the same numbers however
+    # much of the prompt it finds there.
+    for prompt in ("Born in north-east France, Soyer trained as a", PROMPT * 3):
+        three_models(client, prompt, 8)
+        answers = []
+        for model in ("ensemble", "tensorrt_llm_bls", "ensemble"):
+            request = text_request(prompt, 8) + inputs({"return_log_probs": np.array([[True]], dtype=bool)})
+            result = client.infer(model, request)
+            answers.append((model, result.as_numpy("text_output"), result.as_numpy("cum_log_probs"),
+                            result.as_numpy("output_log_probs")))
+        first = answers[0]
+        assert first[3].size == 8
+        for other in answers[1:]:
+            assert np.array_equal(first[1], other[1]), (first[0], other[0])
+            assert np.array_equal(first[2], other[2]), (first[0], other[0], first[2].tolist(), other[2].tolist())
+            assert np.array_equal(first[3], other[3]), (first[0], other[0], first[3].tolist(), other[3].tolist())

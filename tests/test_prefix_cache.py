@@ -87,7 +87,7 @@ def test_the_second_request_reports_reused_blocks_and_prefills_only_the_rest(reu
     first, second = (run_all(reusing, [greedy(prompt, return_perf_metrics=True)])[0] for _ in range(2))
     assert tokens(first) == tokens(second) == tokens(run_all(plain, [greedy(prompt)])[0])
     assert second[-1].kv_cache_reused_blocks == 3 and second[-1].kv_cache_alloc_new_blocks == 2  # + 1 for decode
-    assert second[-1].kv_cache_alloc_total_blocks == 5
+    assert second[-1].kv_cache_alloc_total_blocks == 2  # TensorRT-LLM's meaning: allocated, reused ones not counted
     stats = reusing.iteration_stats()
     assert stats and stats[-1].kv_cache.reused_blocks >= 3 and 0.0 < stats[-1].kv_cache.cache_hit_rate <= 1.0
     prefills = [s.context_tokens for s in stats if s.context_requests]

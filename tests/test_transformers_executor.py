@@ -379,5 +379,5 @@ def test_logits_are_the_models_own(executor, loaded, prompts):
     # return_perf_metrics: KV blocks of 16 tokens for every position written (all but the last token), some of them
     # reused from the earlier requests with this prompt.
     final = steps[-1]
-    assert final.kv_cache_alloc_total_blocks == -(-(len(prompt) + len(tokens) - 1) // 16)
-    assert final.kv_cache_reused_blocks + final.kv_cache_alloc_new_blocks == final.kv_cache_alloc_total_blocks
+    assert final.kv_cache_reused_blocks + final.kv_cache_alloc_new_blocks == -(-(len(prompt) + len(tokens) - 1) // 16)
+    assert final.kv_cache_alloc_total_blocks == final.kv_cache_alloc_new_blocks  # as NVIDIA's CI checks

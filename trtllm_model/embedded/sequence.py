@@ -141,8 +141,9 @@ class Sequence:
             cum_log_prob=self.cum_log_prob if want_log_probs else None,
         )
         if self.want_perf_metrics and self.blocks is not None:
-            # As TensorRT-LLM counts them: blocks found cached, blocks allocated for it, and the two together.
+            # As TensorRT-LLM counts them: blocks found cached, blocks allocated for it; its "total" allocated blocks
+            # are the allocated ones (NVIDIA's CI checks total == new per request), reused ones not among them.
             step.kv_cache_reused_blocks = self.blocks.reused_blocks
             step.kv_cache_alloc_new_blocks = self.blocks.new_blocks
-            step.kv_cache_alloc_total_blocks = self.blocks.reused_blocks + self.blocks.new_blocks
+            step.kv_cache_alloc_total_blocks = self.blocks.new_blocks
         return step
