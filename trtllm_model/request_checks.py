@@ -233,8 +233,6 @@ class LogitsBudget:
 
     def release(self, steps: list[Step]) -> None:
         """Free the bytes of the requests whose final step is among `steps`."""
-        if not self._held and not self._reserving:
-            return
         with self._lock:
             for step in steps:
                 if not step.is_final:
