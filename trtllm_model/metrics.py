@@ -242,6 +242,7 @@ class MetricsReporter:
         self._gauges: dict[tuple[str, str], Gauge] = {}
         self._gauge_values: dict[tuple[str, str], float] = {}
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a request ended alone: refresh the gauges now, not at the next period
         self._tickets = itertools.count(1)  # next() is atomic: records from several workers stay ordered
         self._observed = 0  # ticket of the last record a flush observed (or dropped)
         self._flush_lock = threading.Lock()  # one records flush at a time
@@ -293,6 +294,7 @@ class MetricsReporter:
                 self._guarded(self._flush_records, FINAL_WAIT_S)
         finally:
             self._flush_lock.release()
+        self._wake.set()  # the gauges follow on the metrics thread (its stats call is not this final's to wait for)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -301,12 +303,17 @@ class MetricsReporter:
     def stop(self) -> None:
         """Stop the thread, then flush once more so requests that ended during shutdown are counted."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         self.flush(budget_s=FINAL_FLUSH_BUDGET_S)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
+        while True:
+            self._wake.wait(self.period_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             self._guarded(self._flush_stats)
             if self._records or self._unobserved:  # left by finals under load, or by a flush out of budget
                 with self._flush_lock:
