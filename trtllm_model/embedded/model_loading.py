@@ -6,6 +6,7 @@ dequantised float32 copy is saved once under the user cache directory and loaded
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import logging
 import os
@@ -51,15 +52,28 @@ def default_cache_dir() -> Path:
 
 
 def dequantised_checkpoint(gguf: Path, cache_dir: Path) -> Path:
-    """A float32 checkpoint directory converted from `gguf`, made on first use and then reused."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """A float32 checkpoint directory converted from `gguf`, made on first use and then reused.
 
+    One process converts: the others that start meanwhile (tensorrt_llm, preprocessing, postprocessing load at the
+    same time) wait on a lock file in `cache_dir`, then load the converted copy, rather than each converting it
+    again with a progress bar of its own."""
     stat = gguf.stat()
     # The key changes when the GGUF file does (another wheel version), so a stale copy is never reused.
     target = cache_dir / f"{gguf.stem}-{stat.st_size}-float32"
     if (target / "config.json").is_file():
         return target
-    log.info("dequantising %s once into %s", gguf, target)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, and by the kernel if this process dies
+        if not (target / "config.json").is_file():  # else another process converted it while this one waited
+            _convert(gguf, target)
+    return target
+
+
+def _convert(gguf: Path, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.warning("dequantising %s once into %s (first start only)", gguf, target)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # save_pretrained refuses a model that still looks GGUF-quantised; its weights are plain tensors by now.
@@ -67,9 +81,8 @@ def dequantised_checkpoint(gguf: Path, cache_dir: Path) -> Path:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    # Written aside and renamed, so a concurrent start never reads a half-written copy.
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=cache_dir))
+    # Written aside and renamed, so no reader (one without the lock: an older version) sees a half-written copy.
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -79,7 +92,6 @@ def dequantised_checkpoint(gguf: Path, cache_dir: Path) -> Path:
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def load_model(
