@@ -398,8 +398,8 @@ def _embedding_bias(tensors: dict[str, np.ndarray], limits: Limits, tokenizer: T
             raise InvalidInput("embedding_bias and embedding_bias_words: give one of them, not both")
         size, vocab = tensors["embedding_bias"].size, limits.vocab_size
         if size != (vocab or size) or size > MAX_BIAS_VALUES:  # before reading the values
-            expected = f"one per token id, {vocab}" if vocab else f"at most {MAX_BIAS_VALUES}"
-            raise InvalidInput(f"embedding_bias: {size} values; expected {expected}")
+            expected = f"the vocab size is {vocab}" if vocab else f"at most {MAX_BIAS_VALUES} (one per token id)"
+            raise InvalidInput(f"embedding_bias: {size} values; {expected}")
         return tensors["embedding_bias"].astype(np.float32).reshape(-1).tolist()
     if not has_words:
         return None
