@@ -19,6 +19,7 @@ from pathlib import Path
 from .server import (
     ADMIN_HEADER,
     ADMIN_KEY_ENV,
+    CPU_HOST_NOISE,
     DEFAULT_REPOSITORY,
     EXECUTOR_OVERRIDE_ENV,
     EXIT_TIMEOUT_S,
@@ -26,6 +27,7 @@ from .server import (
     ServerOptions,
     admin_headers,
     admin_key,
+    cuda_driver_present,
     is_ready,
     ports_in_use,
     server_command,
@@ -61,8 +63,17 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
     # it (one hit mid-stop ended a BLS model's stub, which then never answered its streams). It goes with us.
     environment = server_environment(extra_env)
     environment.pop(ADMIN_KEY_ENV, None)  # the models never need it
+    cpu_host = not cuda_driver_present()
+    if cpu_host:
+        print("trtllm-triton: no CUDA driver on this host: CPU start (no pinned memory, no GPU metrics); "
+              "tritonserver's CUDA start-up errors (driver check, ensemble copy stream) are harmless here and not "
+              "shown", flush=True)
+    pipe = subprocess.PIPE if cpu_host else None
     process = subprocess.Popen(server_command(options), env=environment, process_group=0,
-                               preexec_fn=_stop_with_parent)
+                               preexec_fn=_stop_with_parent, stdout=pipe, stderr=pipe)
+    if cpu_host:
+        for source, target in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
+            threading.Thread(target=forward_output, args=(source, target), daemon=True).start()
 
     stopping = threading.Event()
     killed = threading.Event()
@@ -114,6 +125,16 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
     finally:
         if frontend is not None:
             stop_process(frontend)
+
+
+def forward_output(source, target) -> None:
+    """Copy tritonserver's output (and its models') line by line, less the CPU_HOST_NOISE lines."""
+    for line in iter(source.readline, b""):
+        text = line.decode("utf-8", "replace")
+        if any(noise in text for noise in CPU_HOST_NOISE):
+            continue
+        target.write(text)
+        target.flush()
 
 
 def _stop_with_parent() -> None:
@@ -189,19 +210,36 @@ def unload_models(host: str, http_port: int, key: str, settle_s: float = 5.0) ->
         pass  # the server is already going away: nothing left to do gracefully
 
 
-def repository_copy_with_policy(repository: Path, decoupled: bool) -> Path:
-    """A copy of the repository (in a temporary directory) with every model set to the transaction policy."""
-    from .configure import set_decoupled
+def repository_copy(repository: Path, decoupled: bool | None, parameters: dict[str, str]) -> Path:
+    """A copy of the repository (in a temporary directory) with every model set to the transaction policy (None: as
+    they are) and `tensorrt_llm`'s `parameters` set (configure.set_model_parameters)."""
+    from .configure import set_decoupled, set_model_parameters
 
     copy = Path(tempfile.mkdtemp(prefix="trtllm-triton-repository-")) / repository.name
     shutil.copytree(repository, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    set_decoupled(copy, decoupled)
-    print(f"trtllm-triton: serving {copy} (a copy of {repository} with decoupled: {str(decoupled).lower()})")
+    changes = []
+    if decoupled is not None:
+        set_decoupled(copy, decoupled)
+        changes.append(f"decoupled: {str(decoupled).lower()}")
+    if parameters:
+        set_model_parameters(copy, parameters)
+        changes += [f"{key}={value}" for key, value in parameters.items()]
+    print(f"trtllm-triton: serving {copy} (a copy of {repository} with {', '.join(changes)})")
     return copy
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trtllm-triton")
+    except PackageNotFoundError:
+        return "(not installed: running from a source tree)"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trtllm-triton")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("serve", help="start tritonserver on a model repository and wait until it exits")
     run.add_argument("--model-repository", type=Path, help=f"default: {DEFAULT_REPOSITORY} (--layout llmapi: "
@@ -216,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--decoupled", choices=("true", "false"),
                      help="serve the repository's models decoupled (streaming) or not (one response per request, "
                           "for unary gRPC ModelInfer and HTTP infer); default: as their config.pbtxt says")
+    run.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                     help="set a parameter of tensorrt_llm in a copy of the repository (config.pbtxt; model.yaml in "
+                          "the LLM API layout), e.g. --set max_batch_size=8 --set kv_cache_memory_bytes=268435456; "
+                          "repeatable")
     run.add_argument("--log-verbose", type=int, default=0)
     run.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     run.add_argument("--openai-port", type=int, default=9000, help="port of the OpenAI-compatible API (on --host)")
@@ -250,8 +292,16 @@ def main(argv: list[str] | None = None) -> int:
         run_openai(urls, args.host, args.port, args.executor, args.log_level, args.max_body_bytes)
         return 0
     repository = (args.model_repository or (LLMAPI_REPOSITORY if args.layout == "llmapi" else DEFAULT_REPOSITORY)).resolve()
-    if args.decoupled is not None:
-        repository = repository_copy_with_policy(repository, args.decoupled == "true")
+    if args.decoupled is not None or args.assignments:
+        from .configure import parse_assignments
+        from .params import ConfigError
+
+        try:
+            parameters = parse_assignments(args.assignments)
+            decoupled = None if args.decoupled is None else args.decoupled == "true"
+            repository = repository_copy(repository, decoupled, parameters)
+        except ConfigError as exc:
+            parser.error(str(exc))
     try:
         key = admin_key()
     except ValueError as exc:

@@ -176,6 +176,36 @@ def set_decoupled(repository: Path, decoupled: bool) -> None:
         config.write_text(with_decoupled(config.read_text(), decoupled))
 
 
+def with_parameters(config_text: str, values: dict[str, str]) -> str:
+    """A config.pbtxt with each `parameters` entry of `values` set: replaced where the key is there, else added."""
+    for key, value in values.items():
+        if '"' in value or "\n" in value or "\\" in value:
+            raise ConfigError(f"--set {key}: quotes, backslashes and newlines are not allowed in a value")
+        entry = re.compile(r'parameters: \{\s*key: "' + re.escape(key) + r'"\s*value: \{ string_value: "[^"]*" \}\s*\}\n')
+        config_text = entry.sub("", config_text)
+        config_text += f'parameters: {{\n  key: "{key}"\n  value: {{ string_value: "{value}" }}\n}}\n'
+    return config_text
+
+
+def set_model_parameters(repository: Path, values: dict[str, str]) -> None:
+    """`tensorrt_llm`'s settings in a repository: its config.pbtxt parameters, or in NVIDIA's LLM API layout its
+    model.yaml keys (`section.key` for a section, values read as YAML). The model checks them when it loads."""
+    model_yaml = repository / MODEL_NAME / "1" / "model.yaml"
+    if model_yaml.is_file():
+        import yaml
+
+        data = yaml.safe_load(model_yaml.read_text()) or {}
+        for key, text in values.items():
+            section, _, name = key.rpartition(".")
+            (data.setdefault(section, {}) if section else data)[name] = yaml.safe_load(text)
+        model_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
+        return
+    config = repository / MODEL_NAME / "config.pbtxt"
+    if not config.is_file():
+        raise ConfigError(f"{repository} has no {MODEL_NAME}/config.pbtxt to set parameters in")
+    config.write_text(with_parameters(config.read_text(), values))
+
+
 YAML_DECOUPLED_LINE = re.compile(r"^(\s+decoupled:[ \t]*)[A-Za-z]+", re.MULTILINE)
 
 

@@ -117,6 +117,26 @@ def restricted_api_args(key: str) -> list[str]:
     ]
 
 
+# A host without a CUDA driver: no pinned-memory pool (it needs CUDA) and no GPU metrics (NVML, DCGM), instead of
+# tritonserver trying them at every start and logging the failures as errors and warnings.
+CPU_HOST_ARGS = ("--pinned-memory-pool-byte-size=0", "--allow-gpu-metrics=false")
+# What tritonserver 2.51 (built with GPU support) still logs as errors on such a host, with no flag to turn it off:
+# its CUDA driver check at start and the copy stream each ensemble asks for. Both are harmless without a GPU;
+# `serve` leaves those lines out there (cli.forward_output) and says so once.
+CPU_HOST_NOISE = ('"CudaDriverHelper has not been initialized."', '"unable to create stream for ')
+
+
+def cuda_driver_present() -> bool:
+    """Whether this host has a CUDA driver (libcuda) tritonserver could use."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
 @dataclass
 class ServerOptions:
     model_repository: Path = DEFAULT_REPOSITORY
@@ -151,6 +171,7 @@ def server_command(options: ServerOptions) -> list[str]:
         f"--log-verbose={options.log_verbose}",
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         *restricted_api_args(options.admin_key),
+        *(() if cuda_driver_present() else CPU_HOST_ARGS),
         *options.extra_args,
     ]
 
