@@ -15,6 +15,7 @@ Our own code; no line of NVIDIA's scripts. What the scripts send:
 
 from __future__ import annotations
 
+import json
 import queue
 import shutil
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 from conftest import start_server
 from triton_client import as_inputs
@@ -336,3 +338,36 @@ def test_batched_text_input_answers_each_row_on_one_stream(batched_server):
     [error] = mismatched
     assert isinstance(error, InferenceServerException)
     assert "batch size does not match" in error.message()  # Triton refuses it before the model sees it
+
+
+def test_the_readme_request_for_this_layout_answers(unary_server):
+    # README.md's copy-paste request for `make serve LAYOUT=llmapi`, sent as written (its JSON between the quotes).
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    command = next(line for line in readme.splitlines()
+                   if line.startswith("curl -s localhost:8000/v2/models/tensorrt_llm/generate -d '"))
+    body = json.loads(command.split("-d '", 1)[1].rsplit("'", 1)[0])
+    response = requests.post(f"{unary_server.http_url}/v2/models/tensorrt_llm/generate", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    text = response.json()["text_output"]
+    assert "Paris" in text and "capital of France?" not in text  # an answer, not the prompt echoed
+
+
+def test_a_tensorrt_llm_without_llmapi_on_pythonpath_is_named_with_this_layouts_fix(tmp_path):
+    # A stand-in `tensorrt_llm` that imports but has no `tensorrt_llm.llmapi`, on the PYTHONPATH tritonserver gets:
+    # the model must see it (the stub leaves PYTHONPATH off sys.path) and say what is missing, and where the
+    # executor is chosen in this layout (model.yaml's `executor:`; config.pbtxt parameters do nothing here).
+    stand_in = tmp_path / "pythonpath" / "tensorrt_llm"
+    stand_in.mkdir(parents=True)
+    (stand_in / "__init__.py").write_text("# imports; no llmapi\n")
+    repository = copy_repository(tmp_path / "repository")
+    server = start_server(tmp_path, executor=None, repository=repository, expect_ready=False,
+                          serve_args=["--set", "executor=trtllm_llmapi", "--set", f"model={tmp_path}"],
+                          env={"PYTHONPATH": str(stand_in.parent)})
+    deadline = time.monotonic() + 120
+    while server.process.poll() is None and "failed to load" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    server.stop()
+    log = server.log()
+    assert f"needs tensorrt_llm.llmapi, which the tensorrt_llm package found at {stand_in}" in log, log[-3000:]
+    assert "`executor: transformers` in model.yaml" in log
+    assert "is not installed" not in log and "parameter executor=transformers" not in log

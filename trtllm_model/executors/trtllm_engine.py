@@ -50,23 +50,31 @@ NO_PACKAGE_FIX = (
 log = logging.getLogger(__name__)
 
 
-def import_tensorrt_llm(module: str, executor: str) -> ModuleType:
-    """Import a tensorrt_llm module, turning "not installed" and "no GPU driver" into errors that say the fix."""
+def import_tensorrt_llm(module: str, executor: str, fix: str = NO_PACKAGE_FIX) -> ModuleType:
+    """Import a tensorrt_llm module, turning "not installed", "a tensorrt_llm without this module" and "no GPU
+    driver" into errors that say the fix (`fix`: how this layout chooses another executor)."""
     import importlib
+    import sys
 
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] == "tensorrt_llm":
-            raise ConfigError(f"executor={executor} needs the tensorrt_llm package, which is not installed: "
-                              f"{NO_PACKAGE_FIX}") from exc
+        if exc.name == "tensorrt_llm":
+            raise ConfigError(f"executor={executor} needs the tensorrt_llm package, which this model's Python "
+                              f"({sys.executable}, with PYTHONPATH) cannot import: {fix}") from exc
+        if exc.name and exc.name.startswith("tensorrt_llm."):
+            found = sys.modules.get("tensorrt_llm")
+            where = getattr(found, "__file__", None) or "(no file)"
+            raise ConfigError(f"executor={executor} needs {exc.name}, which the tensorrt_llm package found at {where} "
+                              f"does not have (an older TensorRT-LLM, or another package of that name): install a "
+                              f"TensorRT-LLM with the LLM API, {fix}") from exc
         raise ExecutorError(f"executor={executor}: importing {module} failed: {exc}") from exc
     except (ImportError, OSError) as exc:
         if "libcuda" in str(exc) or "CUDA" in str(exc):
             raise ExecutorError(
                 f"executor={executor}: tensorrt_llm cannot load because no NVIDIA GPU driver is visible ({exc}); "
                 "run on a GPU host with the container started with GPU access (docker run --gpus all, or a "
-                "compose device reservation), or set parameter executor=transformers"
+                f"compose device reservation); {fix}"
             ) from exc
         raise ExecutorError(f"executor={executor}: importing {module} failed: {exc}") from exc
 

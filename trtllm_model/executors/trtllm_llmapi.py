@@ -48,6 +48,10 @@ from .trtllm_llmapi_mapping import (
 )
 from .trtllm_mapping import NOT_APPLIED_NVIDIA_PARAMETERS
 
+# In NVIDIA's LLM API layout the executor is model.yaml's `executor:` key (config.pbtxt's parameters do not choose it).
+MODEL_YAML_FIX = ("run in NVIDIA's Triton TensorRT-LLM container (nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3), "
+                  "or set `executor: transformers` in model.yaml (the embedded engine)")
+
 PARAMETERS = LLMAPI_PARAMETERS
 ENQUEUE_TIMEOUT_S = 60.0
 STATS_TIMEOUT_S = 0.01
@@ -290,8 +294,8 @@ def create_from_model_yaml(config: Any, raw_params: dict[str, str]) -> tuple[Llm
     logits = logits_bounds(params)
     kwargs = dict(config.llm_kwargs)
     processors = load_logits_post_processors(config.logits_post_processors)
-    tensorrt_llm = import_tensorrt_llm("tensorrt_llm", "trtllm_llmapi")
-    llmapi = import_tensorrt_llm("tensorrt_llm.llmapi", "trtllm_llmapi")
+    tensorrt_llm = import_tensorrt_llm("tensorrt_llm", "trtllm_llmapi", MODEL_YAML_FIX)
+    llmapi = import_tensorrt_llm("tensorrt_llm.llmapi", "trtllm_llmapi", MODEL_YAML_FIX)
     if isinstance(kwargs.get("kv_cache_config"), dict):
         kwargs["kv_cache_config"] = llmapi.KvCacheConfig(**kwargs["kv_cache_config"])
     try:
