@@ -60,8 +60,8 @@ def import_tensorrt_llm(module: str, executor: str, fix: str = NO_PACKAGE_FIX) -
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name == "tensorrt_llm":
-            raise ConfigError(f"executor={executor} needs the tensorrt_llm package, which this model's Python "
-                              f"({sys.executable}, with PYTHONPATH) cannot import: {fix}") from exc
+            raise ConfigError(f"executor={executor} needs the tensorrt_llm package, which is not installed where "
+                              f"this model's Python looks ({sys.executable}, and PYTHONPATH): {fix}") from exc
         if exc.name and exc.name.startswith("tensorrt_llm."):
             found = sys.modules.get("tensorrt_llm")
             where = getattr(found, "__file__", None) or "(no file)"
