@@ -90,3 +90,16 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_running_streams_with_the_to
         assert sum(s.context_tokens for s in mixed) >= 150 and max(s.tokens_in_step for s in stats) <= 32
     finally:
         chunked.shutdown()
+
+
+def test_a_prompt_longer_than_the_step_budget_finishes_on_an_idle_engine(loaded, roomy):
+    """Nothing else running: the engine must not go idle between its chunks (it waited for new work, forever)."""
+    chunked = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, max_num_tokens=32,
+                                   max_input_len=200)
+    try:
+        long_prompt = [200 + (i * 7919) % 30000 for i in range(100)]
+        (expected,) = run_all(roomy, [greedy(long_prompt, 3)])
+        (got,) = run_all(chunked, [greedy(long_prompt, 3)], timeout_s=60)
+        assert tokens(got) == tokens(expected)
+    finally:
+        chunked.shutdown()

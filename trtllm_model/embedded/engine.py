@@ -174,7 +174,9 @@ class Engine:
 
     def _next_iteration(self) -> bool:
         with self._lock:
-            while not (self._stopping or self._incoming or self._cancels or self.running or self.scheduler.waiting):
+            # A partly prefilled prompt is work too: alone on the engine, its next chunk must not wait for new work.
+            while not (self._stopping or self._incoming or self._cancels or self.running or self.scheduler.waiting
+                       or self.scheduler.prefilling):
                 self._work.wait()
             if self._stopping:
                 return False
