@@ -155,16 +155,17 @@ def split_batch(tensors: dict[str, np.ndarray], batched: bool) -> list[dict[str,
 
 
 def perf_outputs(perf: dict[str, float]) -> dict[str, np.ndarray]:
-    """Our per-request perf values -> NVIDIA's llmapi perf outputs. Missed blocks are the blocks the request
-    needed that were not reused (total - reused); the hit rate is reused / total (0 with no blocks)."""
+    """Our per-request perf values -> NVIDIA's llmapi perf outputs. As TensorRT-LLM counts them, the allocated
+    blocks ("total") are the new ones, reused ones not among them: missed blocks are the new ones, and the hit rate
+    is reused / (reused + missed) (0 with no blocks)."""
     reused = int(perf.get("kv_cache_reused_blocks", 0))
-    total = int(perf.get("kv_cache_alloc_total_blocks", 0))
+    new = int(perf.get("kv_cache_alloc_new_blocks", 0))
     values = {
         "kv_cache_reused_block": reused,
-        "kv_cache_missed_block": max(total - reused, 0),
-        "kv_cache_alloc_new_blocks": int(perf.get("kv_cache_alloc_new_blocks", 0)),
-        "kv_cache_alloc_total_blocks": total,
-        "kv_cache_hit_rate": reused / total if total else 0.0,
+        "kv_cache_missed_block": new,
+        "kv_cache_alloc_new_blocks": new,
+        "kv_cache_alloc_total_blocks": int(perf.get("kv_cache_alloc_total_blocks", 0)),
+        "kv_cache_hit_rate": reused / (reused + new) if reused + new else 0.0,
         **{name: perf.get(name, 0) for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
                                                 "last_token_time_ns", "acceptance_rate",
                                                 "total_accepted_draft_tokens", "total_draft_tokens")},
