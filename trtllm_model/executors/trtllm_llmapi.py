@@ -50,7 +50,8 @@ from .trtllm_mapping import NOT_APPLIED_NVIDIA_PARAMETERS
 
 # In NVIDIA's LLM API layout the executor is model.yaml's `executor:` key (config.pbtxt's parameters do not choose it).
 MODEL_YAML_FIX = ("run in NVIDIA's Triton TensorRT-LLM container (nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3), "
-                  "or set `executor: transformers` in model.yaml (the embedded engine)")
+                  "or set `executor: transformers` in model.yaml (the embedded engine; `trtllm-triton serve "
+                  "--executor transformers` overrides it)")
 
 PARAMETERS = LLMAPI_PARAMETERS
 ENQUEUE_TIMEOUT_S = 60.0
