@@ -11,9 +11,11 @@ import time
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import start_server
 from prometheus_text import parse
+from triton_client import as_inputs
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 MODELS = ("tensorrt_llm", "ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls")
@@ -191,18 +193,23 @@ def test_a_burst_past_the_queue_is_unavailable_with_tritons_wording(client):
         assert re.search(r"Maximum queue size of [23] reached", message), message
 
 
-def test_ensemble_and_bls_give_bit_equal_log_probs_after_the_three_models(client):
-    # end_to_end_test.py --test-bls --return-log-probs: the three models, then ensemble, then tensorrt_llm_bls with
-    # the same prompt, one after the other; it compares the two paths' log probs with np.array_equal. The prompt's
-    # blocks are in the prefix cache from the first request on: every path must give the same numbers however
-    # much of the prompt it finds there.
+def test_ensemble_and_bls_give_bit_equal_log_probs_after_the_three_models(server, client):
+    # end_to_end_test.py --test-bls --return-log-probs (-i http and -i grpc): the three models, then ensemble, then
+    # tensorrt_llm_bls with the same prompt, one after the other; it compares the two paths' log probs with
+    # np.array_equal. They failed it 4 of 4 times over gRPC: torch's CPU attention summed in an order set by the
+    # intra-op thread count, which follows the host's load.
+    grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
     for prompt in ("Born in north-east France, Soyer trained as a", PROMPT * 3):
         three_models(client, prompt, 8)
         answers = []
-        for model in ("ensemble", "tensorrt_llm_bls", "ensemble"):
-            request = text_request(prompt, 8) + inputs({"return_log_probs": np.array([[True]], dtype=bool)})
-            result = client.infer(model, request)
-            answers.append((model, result.as_numpy("text_output"), result.as_numpy("cum_log_probs"),
+        for protocol, model in (("http", "ensemble"), ("http", "tensorrt_llm_bls"), ("grpc", "ensemble"),
+                                ("grpc", "tensorrt_llm_bls")):
+            arrays = {"text_input": np.array([[prompt]], dtype=object), "max_tokens": np.array([[8]], dtype=np.int32),
+                      "bad_words": np.array([[""]], dtype=object), "stop_words": np.array([[""]], dtype=object),
+                      "return_log_probs": np.array([[True]], dtype=bool)}
+            result = (client.infer(model, inputs(arrays)) if protocol == "http"
+                      else grpc_client.infer(model, as_inputs(arrays)))
+            answers.append((f"{protocol} {model}", result.as_numpy("text_output"), result.as_numpy("cum_log_probs"),
                             result.as_numpy("output_log_probs")))
         first = answers[0]
         assert first[3].size == 8
