@@ -191,7 +191,7 @@ async def long_prompt(port: int, streams_n: int, stream_tokens: int, prompt_len:
     await asyncio.sleep(1.0)
     await _cancel([*tasks, long_task])
     start, end = long.sent, gave_up or long.first or time.monotonic()
-    ratios = []
+    ratios, all_during = [], []
     for stream in running:
         gaps = [(a, b) for a, b in zip(stream.arrivals, stream.arrivals[1:])]
         before = [b - a for a, b in gaps if start - baseline_s <= a and b <= start]
@@ -200,6 +200,7 @@ async def long_prompt(port: int, streams_n: int, stream_tokens: int, prompt_len:
             during.append(end - stream.arrivals[-1])
         if before and during:
             ratios.append((statistics.median(before), max(during)))
+            all_during += during
     return {
         "streams": streams_n,
         "errors": [s.error for s in [*running, long] if s.error],
@@ -210,6 +211,7 @@ async def long_prompt(port: int, streams_n: int, stream_tokens: int, prompt_len:
         "streams_ended_before_long_first": sum(1 for s in running if s.ended and s.ended <= end),
         "median_gap_before_s": statistics.median(m for m, _ in ratios) if ratios else None,
         "worst_gap_during_s": max(g for _, g in ratios) if ratios else None,
+        "median_gap_during_s": statistics.median(all_during) if all_during else None,  # a spike, or every step?
         "worst_gap_ratio": max(g / m for m, g in ratios) if ratios else None,
         "median_gap_ratio": statistics.median(g / m for m, g in ratios) if ratios else None,
         "streams_over_3x": sum(1 for m, g in ratios if g > 3 * m),
