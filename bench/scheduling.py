@@ -22,9 +22,11 @@ the measurements alternate between them, so each sees the same moments of a shar
           its send to its first token) over the stream's median gap in the `--baseline-s` before. Targets: TTFT
           <= 2 s, no stream's gap over 3x its median. A checkout that cannot start the prompt beside the streams
           (e488561: max_num_tokens - decoding rows < prompt) would start it when they end: after `--long-wait-s`
-          the streams are cancelled, and the time from then to its first token is recorded instead.
+          the streams are cancelled, and the time from then to its first token is recorded instead. Then the same
+          length of prompt alone on the idle server: the prefill's own time on this machine.
 
-Results: a table on stdout and bench/results/scheduling-<time>.json (every stream's timings).
+`--param KEY=VALUE` sets a tensorrt_llm parameter on every server (e.g. max_num_tokens=128: the step's token budget,
+hence the prefill chunk). Results: a table on stdout and bench/results/scheduling-<time>.json (each chat's TTFT).
 """
 
 from __future__ import annotations
@@ -219,11 +221,16 @@ async def long_prompt(port: int, streams_n: int, stream_tokens: int, prompt_len:
     }
 
 
-async def prompt_alone(port: int, prompt_len: int, rng: random.Random) -> float | None:
-    """Time to first token of a `prompt_len`-token prompt on an idle server: the prefill's floor on this machine."""
+async def prompt_alone(port: int, prompt_len: int, rng: random.Random, timeout_s: float) -> float | None:
+    """Time to first token of a `prompt_len`-token prompt on an idle server: the prefill's floor on this machine
+    (None: no token within `timeout_s`)."""
     alone = Stream("/v1/completions", {"model": MODEL, "prompt": _random_prompt(rng, prompt_len), "max_tokens": 1,
                                        "stream": True})
-    await alone.run("127.0.0.1", port)
+    task = asyncio.create_task(alone.run("127.0.0.1", port))
+    deadline = time.monotonic() + timeout_s
+    while not (alone.first or alone.ended or alone.error) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    await _cancel([task])
     return (alone.first - alone.sent) if alone.first else None
 
 
@@ -308,7 +315,8 @@ def main() -> int:
                                                           args.baseline_s, rng, args.long_wait_s,
                                                           args.long_timeout_s))
                     wait_idle(server.metrics_url, 120)
-                    run["long"]["alone_ttft_s"] = asyncio.run(prompt_alone(port, args.long_prompt, rng))
+                    run["long"]["alone_ttft_s"] = asyncio.run(prompt_alone(port, args.long_prompt, rng,
+                                                                             args.long_timeout_s))
                     print(json.dumps({k: v for k, v in run.items() if k != "tree"}), flush=True)
                     runs.append(run)
         finally:
