@@ -9,6 +9,7 @@ token arrive as an SSE `error` event, which the `openai` client raises.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import gc
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from .text_stream import TextStream
@@ -29,11 +31,15 @@ from .tools import ToolCallText, guide_of, mode, tools_system_text
 from .triton_pool import Delta, ModelInfo, Sampling, TritonGeneration, TritonPool
 
 log = logging.getLogger("trtllm_model.openai")
+access_log = logging.getLogger("trtllm_model.openai.access")
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: a 128k-token context as token ids is about 1 MiB of JSON
 # Prompts up to this many characters are tokenized on the event loop (at most ~0.3 ms of SmolLM2's encode and chat
 # template on the 2-core machine); longer ones in a worker thread, which costs ~0.09 ms of handoff.
 INLINE_TOKENIZE_CHARS = 1024
+# Tool-call text up to this many characters is parsed on the event loop (linear: well under a millisecond); a longer
+# answer in a worker thread.
+INLINE_TOOL_PARSE_CHARS = 16384
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
 DONE = b"data: [DONE]\n\n"
@@ -59,12 +65,26 @@ class Generation:
     triton: TritonGeneration
     chat: bool
     include_usage: bool
+    continuous_usage: bool = False  # usage in every chunk (vLLM's stream_options.continuous_usage_stats)
     calls: ToolCallText | None = None  # the answer may hold tool calls
     first: Delta | None = None  # set once it comes, before the response starts
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.text.tokens,
-                "total_tokens": self.prompt_tokens + self.text.tokens}
+                "total_tokens": self.prompt_tokens + self.text.tokens,
+                "prompt_tokens_details": {"cached_tokens": min(self.triton.cached_tokens, self.prompt_tokens)}}
+
+    def push(self, delta: Delta) -> str:
+        """The text this delta releases (token ids, or a text model's text)."""
+        if delta.text is not None:
+            return self.text.push_text(delta.text)
+        return self.text.push(delta.token_ids, delta.log_probs)
+
+    async def finish_calls(self) -> tuple[str, list[dict]]:
+        """The held text and the tool calls in it; a long answer parsed off the event loop."""
+        if self.calls.held_chars > INLINE_TOOL_PARSE_CHARS:
+            return await asyncio.to_thread(self.calls.finish)
+        return self.calls.finish()
 
     def finish_reason(self, delta: Delta, calls: list | None = None) -> str | None:
         if calls:
@@ -97,7 +117,7 @@ class Generation:
             payload = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                        "choices": [choice]}
         if self.include_usage:
-            payload["usage"] = None
+            payload["usage"] = self.usage() if self.continuous_usage else None
         return _event(payload)
 
     def tool_call_chunks(self, calls: list[dict]) -> list[bytes]:
@@ -113,7 +133,7 @@ class Generation:
                            "choices": [{"index": 0, "delta": {"tool_calls": [delta]}, "logprobs": None,
                                         "finish_reason": None}]}
                 if self.include_usage:
-                    payload["usage"] = None
+                    payload["usage"] = self.usage() if self.continuous_usage else None
                 chunks.append(_event(payload))
         return chunks
 
@@ -130,7 +150,7 @@ class Generation:
                 yield self.chunk("", None, None, role=True)
             delta = self.first
             while True:
-                text = self.text.push(delta.token_ids, delta.log_probs)
+                text = self.push(delta)
                 end = delta.finish_reason is not None or self.text.stopped
                 if end:
                     text += self.text.finish()
@@ -138,7 +158,7 @@ class Generation:
                 if self.calls is not None:
                     text = self.calls.push(text)
                     if end:
-                        rest, calls = self.calls.finish()
+                        rest, calls = await self.finish_calls()
                         text += rest
                 logprobs = self.logprobs(counted, offset) if text or end else None
                 if logprobs is not None:
@@ -167,7 +187,7 @@ class Generation:
         parts = []
         delta = self.first
         while True:
-            parts.append(self.text.push(delta.token_ids, delta.log_probs))
+            parts.append(self.push(delta))
             if delta.finish_reason is not None or self.text.stopped:
                 parts.append(self.text.finish())
                 break
@@ -176,7 +196,7 @@ class Generation:
         calls: list[dict] = []
         if self.calls is not None:
             text = self.calls.push(text)
-            rest, calls = self.calls.finish()
+            rest, calls = await self.finish_calls()
             text += rest
         finish = self.finish_reason(delta, calls)
         if self.chat:
@@ -194,6 +214,9 @@ class Generation:
 
 def _sampling(request: ChatRequest | CompletionRequest, info: ModelInfo, prompt_tokens: int) -> Sampling:
     limit, limit_name = request.output_limit()
+    if limit is not None and info.max_output_len is not None and limit > info.max_output_len:
+        raise ApiError(400, f"{limit_name}={limit}: must be at most {info.max_output_len} (the model's "
+                       "max_output_len)", limit_name, "invalid_value")
     if limit is None:  # OpenAI's default: as long as the model allows
         room = info.context_length - prompt_tokens if info.context_length else None
         candidates = [n for n in (info.max_output_len, room) if n is not None]
@@ -232,7 +255,11 @@ def _param_names(limit_name: str, prompt_name: str, guide_name: str | None, min_
         "top_p": "top_p", "runtime_top_p": "top_p", "seed": "seed", "random_seed": "seed",
         "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
         "stop_words": "stop", "input_ids": prompt_name, "input": prompt_name, "min_tokens": min_tokens_name,
+        "logprobs": "logprobs", "text_input": prompt_name, "sampling_param_max_tokens": limit_name,
+        "sampling_param_stop": "stop", "sampling_param_seed": "seed",
     }
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):  # NVIDIA's LLM API names
+        names[f"sampling_param_{name}"] = name
     if guide_name is not None:
         names["guided_decoding_guide"] = names["guided_decoding_guide_type"] = guide_name
     return names
@@ -353,14 +380,16 @@ async def until_disconnected(receive, work):
 
 
 def create_app(urls: list[str], executor: str | None = None, banner: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, model_repository: str | None = None,
+               log_access: bool = True):
     """The ASGI application: the completion endpoints first, then FastAPI for the rest (and the lifespan)."""
     pool: TritonPool  # made in the server's event loop: a grpc.aio channel belongs to the loop it was made in
+    counters = FrontendCounters()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         nonlocal pool
-        pool = TritonPool(urls, executor)
+        pool = TritonPool(urls, executor, model_repository)
         try:
             await pool.refresh_models()  # load the tokenizers now, not on the first request
         except ApiError as exc:
@@ -401,7 +430,7 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
         info = await pool.model(name)
         return {"id": info.name, "object": "model", "created": info.created, "owned_by": "trtllm-triton"}
 
-    async def complete(scope, receive, kind: type[ChatRequest] | type[CompletionRequest],
+    async def complete(scope, receive, record: AccessRecord, kind: type[ChatRequest] | type[CompletionRequest],
                        prefix: str) -> Response | SseResponse:
         request = parse_body(await request_body(scope, receive, max_body_bytes), kind)
         info = await pool.model(request.model)
@@ -418,11 +447,15 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
             triton=triton,
             chat=kind is ChatRequest,
             include_usage=request.include_usage,
+            continuous_usage=request.continuous_usage,
         )
+        record.generation = generation
         if kind is ChatRequest and mode(request) != "none":
-            generation.calls = ToolCallText(forced=mode(request) == "forced")
+            generation.calls = ToolCallText(forced=mode(request) == "forced", parallel=request.parallel_tool_calls)
         try:
-            generation.first = await triton.next_delta()  # Triton's refusals raise here, before any status is sent
+            # Triton's refusals raise here, before any status is sent. A client that goes away meanwhile (queued
+            # behind a busy engine) cancels its request, which so leaves the engine's queue.
+            generation.first = await until_disconnected(receive, triton.next_delta())
         except BaseException:
             triton.close()
             raise
@@ -433,24 +466,103 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
         finally:
             triton.close()  # also when the client left before body() even started
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(counters.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def unknown_route(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """An unknown path (404) or method (405) in OpenAI's error shape, as OpenAI's API answers it."""
+        code = "unknown_url" if exc.status_code == 404 else "method_not_allowed"
+        return _error_response(ApiError(exc.status_code, f"Invalid URL ({request.method} {request.url.path}): this "
+                                        "API serves /v1/chat/completions, /v1/completions and /v1/models", None, code))
+
     async def completion_routes(scope, receive, send) -> None:
         """POST /v1/chat/completions and /v1/completions as plain ASGI, ahead of FastAPI's middleware and router
-        (0.2 ms of every first token, bench/openai.py); everything else is the FastAPI app's."""
-        route = COMPLETION_ROUTES.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if route is None:
+        (0.2 ms of every first token, bench/openai.py); everything else is the FastAPI app's. Every HTTP request
+        is counted (refusals by reason) and, unless turned off, logged when it ends."""
+        if scope["type"] != "http":
             await app(scope, receive, send)
             return
+        record = AccessRecord(time.perf_counter())
+
+        async def recording_send(message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+            elif record.status >= 400 and not record.reason and message.get("body"):
+                record.reason = _error_code(message["body"])
+            await send(message)
+
+        route = COMPLETION_ROUTES.get(scope["path"]) if scope["method"] == "POST" else None
         try:
-            response = await complete(scope, receive, *route)
-        except ApiError as error:
-            response = _error_response(error)
-        except Exception as exc:  # a bug: still OpenAI's error JSON, and the process keeps serving
-            log.exception("unexpected error")
-            response = _error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", None,
-                                                "internal_error"))
-        await response(scope, receive, send)
+            if route is None:
+                await app(scope, receive, recording_send)
+                return
+            try:
+                response = await complete(scope, receive, record, *route)
+            except ApiError as error:
+                response = _error_response(error)
+            except Exception as exc:  # a bug: still OpenAI's error JSON, and the process keeps serving
+                log.exception("unexpected error")
+                response = _error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", None,
+                                                    "internal_error"))
+            await response(scope, receive, recording_send)
+        finally:
+            counters.count(record)
+            if log_access:
+                record.log(scope)
 
     return completion_routes
+
+
+def _error_code(body: bytes) -> str:
+    """The `code` of OpenAI's error JSON (the reason a request was refused)."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        return str(orjson.loads(body)["error"]["code"])
+    return "unknown"
+
+
+@dataclass(slots=True)
+class AccessRecord:
+    """One HTTP request, for the access log and the counters."""
+
+    started: float
+    status: int = 499  # no response started: the client went away first
+    reason: str = ""  # the error's code, for a status >= 400
+    generation: Generation | None = None
+
+    def log(self, scope) -> None:
+        tokens = ""
+        if self.generation is not None:
+            tokens = f" prompt_tokens={self.generation.prompt_tokens} completion_tokens={self.generation.text.tokens}"
+        access_log.info("%s %s %d%s%s %.3fs", scope["method"], scope["path"], self.status,
+                        f" {self.reason}" if self.reason else "", tokens, time.perf_counter() - self.started)
+
+
+class FrontendCounters:
+    """The frontend's own Prometheus counters (GET /metrics on the API port): requests by status, and refused
+    requests (4xx/5xx, the client's disconnect too) by reason, the OpenAI error's `code`. Triton's
+    nv_inference_request_success counts what Triton itself answered; a request refused here never reaches it."""
+
+    def __init__(self) -> None:
+        self.responses: collections.Counter[int] = collections.Counter()
+        self.refused: collections.Counter[tuple[int, str]] = collections.Counter()
+
+    def count(self, record: AccessRecord) -> None:
+        self.responses[record.status] += 1
+        if record.status >= 400:
+            self.refused[record.status, record.reason or ("client_closed" if record.status == 499 else "unknown")] += 1
+
+    def exposition(self) -> bytes:
+        lines = ["# HELP trtllm_openai_requests_total HTTP requests the OpenAI API answered, by status.",
+                 "# TYPE trtllm_openai_requests_total counter"]
+        lines += [f'trtllm_openai_requests_total{{status="{status}"}} {n}' for status, n in sorted(self.responses.items())]
+        lines += ["# HELP trtllm_openai_requests_refused_total Requests refused or failed (status >= 400; 499: the "
+                  "client went away), by status and reason (the error's code).",
+                  "# TYPE trtllm_openai_requests_refused_total counter"]
+        lines += [f'trtllm_openai_requests_refused_total{{status="{status}",reason="{reason}"}} {n}'
+                  for (status, reason), n in sorted(self.refused.items())]
+        return ("\n".join(lines) + "\n").encode()
 
 
 class _JoinedWrites:
@@ -507,14 +619,22 @@ def _http_protocol():
 
 
 def run(urls: list[str], host: str, port: int, executor: str | None = None, log_level: str = "warning",
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-    """Serve the API until SIGINT/SIGTERM (uvicorn lets open responses finish first)."""
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, model_repository: str | None = None,
+        log_access: bool = True) -> None:
+    """Serve the API until SIGINT/SIGTERM (uvicorn lets open responses finish first). The access log (a line per
+    request: method, path, status, error code, tokens in and out, seconds) goes to stderr."""
     import uvicorn
 
+    if log_access:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s openai-access: %(message)s"))
+        access_log.addHandler(handler)
+        access_log.setLevel(logging.INFO)
+        access_log.propagate = False
     app = create_app(urls, executor, f"trtllm-triton openai: ready. http://{host}:{port}/v1 -> Triton gRPC "
-                     f"{', '.join(urls)}", max_body_bytes)
+                     f"{', '.join(urls)}", max_body_bytes, model_repository, log_access)
     # No X-Forwarded-* handling (nothing here uses the client's address: one ASGI layer less per request), no access
     # log below "info" (uvicorn formats each line's fields even when the logger drops it), no "server" header.
     uvicorn.run(app, host=host, port=port, log_level=log_level, loop="uvloop", http=_http_protocol(),
-                proxy_headers=False, access_log=log_level.lower() in ("info", "debug", "trace"), server_header=False,
+                proxy_headers=False, access_log=False, server_header=False,
                 timeout_graceful_shutdown=10)

@@ -46,6 +46,7 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (AIPerf and guidellm send it)
 
 
 class _Sampling(_Body):
@@ -91,6 +92,10 @@ class _Sampling(_Body):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class TextPart(_Body):
@@ -162,7 +167,9 @@ class ChatRequest(_Sampling):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None  # accepted; one call per answer is what the guides allow
+    # tool_choice auto: any number of calls, or the first only (false); required or named: one call, or (true) a
+    # list of one or more.
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     response_format: ResponseFormat | None = None
 

@@ -61,6 +61,7 @@ class TextStream:
         self.logprobs: list[TokenLogprob] = []  # one per counted token, when asked for
         self.tokens = 0  # generated tokens up to the end (or the stop)
         self.stopped = False  # a stop string ended the text
+        self._text_so_far: list[str] = []  # a text model's pieces, for the final token count
 
     def push(self, token_ids: list[int], log_probs: list[float] | None = None) -> str:
         """The text these tokens release (may be empty)."""
@@ -77,8 +78,19 @@ class TextStream:
                 break
         return "".join(released)
 
+    def push_text(self, text: str) -> str:
+        """A text model's new text: what it releases (its tokens counted with the tokenizer, at finish exactly)."""
+        if self.stopped or not text:
+            return ""
+        self._text_so_far.append(text)
+        self.tokens += len(self._tokenizer.encode(text, add_special_tokens=False))
+        return self._release(text) if self._stops else text
+
     def finish(self) -> str:
         """At the end of the generation: the text still held back."""
+        if self._text_so_far:  # a text model: the count of the whole text, not the sum of its pieces'
+            self.tokens = len(self._tokenizer.encode("".join(self._text_so_far), add_special_tokens=False))
+            self._text_so_far.clear()
         if self.stopped:
             return ""
         if not self._stops:

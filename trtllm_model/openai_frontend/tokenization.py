@@ -42,6 +42,26 @@ def load_model_tokenizer(parameters: dict[str, str], executor: str | None = None
     return AutoTokenizer.from_pretrained(directory)
 
 
+def llmapi_tokenizer_parameters(model_repository: str | None, name: str) -> tuple[dict[str, str], str] | None:
+    """An LLM API model's tokenizer, from its model.yaml (`model`, `executor`) in the repository's latest version
+    directory, as config.pbtxt-style parameters and the executor name; None without a repository or a model.yaml."""
+    from pathlib import Path
+
+    from ..model_yaml import embedded_parameters, model_yaml_path, read_model_yaml
+
+    if not model_repository:
+        return None
+    versions = sorted((p for p in (Path(model_repository) / name).glob("[0-9]*") if p.name.isdigit()),
+                      key=lambda p: int(p.name))
+    path = model_yaml_path(versions[-1]) if versions else None
+    if path is None:
+        return None
+    config = read_model_yaml(path)
+    if config.executor == "transformers":
+        return embedded_parameters(config)[0], "transformers"
+    return {"tokenizer_dir": str(config.llm_kwargs["model"])}, config.executor
+
+
 def chat_prompt_ids(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None = None,
                     tools_text: str = "") -> list[int]:
     """The conversation through the model's chat template (the same ids as the model's `apply_chat_template`

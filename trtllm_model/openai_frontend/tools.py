@@ -14,7 +14,6 @@ words. Per `tool_choice`:
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,6 @@ from typing import Any
 from .protocol import ChatRequest, NamedToolChoice, Tool
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLOSE) + r"|$)", re.S)
 
 
 @dataclass(slots=True)
@@ -64,6 +62,8 @@ def guide_of(request: ChatRequest) -> Guide | None:
             tools = [tool for tool in tools if tool.function.name == request.tool_choice.function.name]
         choices = [_call_schema(tool) for tool in tools]
         schema = choices[0] if len(choices) == 1 else {"anyOf": choices}
+        if request.parallel_tool_calls:  # asked for explicitly: one or more calls, as a JSON list
+            schema = {"type": "array", "items": schema, "minItems": 1}
         return Guide("json_schema", json.dumps(schema), "tools")
     if calls == "auto":
         structures = [{"begin": f'{CALL_OPEN}\n{{"name": {json.dumps(tool.function.name)}, "arguments": ',
@@ -93,10 +93,15 @@ class ToolCallText:
     """Splits the answer's text into content and calls as it streams: content is released as it comes (text that
     may be the start of a call held back), a call only once the answer has ended."""
 
-    def __init__(self, forced: bool) -> None:
+    def __init__(self, forced: bool, parallel: bool | None = None) -> None:
         self.forced = forced
+        self.parallel = parallel  # OpenAI's parallel_tool_calls: False keeps the first call only
         self._text = ""  # not yet released
         self._in_calls = forced  # a forced answer is all call
+
+    @property
+    def held_chars(self) -> int:
+        return len(self._text)
 
     def push(self, text: str) -> str:
         """The content this text releases."""
@@ -119,17 +124,35 @@ class ToolCallText:
             return text, []
         if self.forced:
             call = _json_or_none(text)
-            if isinstance(call, dict) and "name" in call:
-                return "", [_openai_call(call["name"], call.get("arguments", {}))]
+            # parallel_tool_calls=true: the guide asked for a list of one or more calls.
+            entries = call if isinstance(call, list) and call else [call]
+            if all(isinstance(entry, dict) and "name" in entry for entry in entries):
+                return "", [_openai_call(entry["name"], entry.get("arguments", {})) for entry in entries]
             return text, []  # cut short (length): what the model wrote, as text
         calls, rest = [], []
-        for match in _CALL.finditer(text):
-            call = _json_or_none(match.group(1))
+        for whole, body in _call_spans(text):
+            call = _json_or_none(body)
             if isinstance(call, dict) and "name" in call:
                 calls.append(_openai_call(call["name"], call.get("arguments", {})))
             else:
-                rest.append(match.group(0))
+                rest.append(whole)
+        if self.parallel is False:
+            calls = calls[:1]
         return "".join(rest), calls
+
+
+def _call_spans(text: str) -> list[tuple[str, str]]:
+    """Each `<tool_call>...</tool_call>` (the last may be unclosed) as (its whole text, its body): found with
+    str.find, one pass over the text, where a regex with a lazy body between \\s* ran in time quadratic in the
+    whitespace of a body."""
+    spans, position = [], 0
+    while (start := text.find(CALL_OPEN, position)) >= 0:
+        body_start = start + len(CALL_OPEN)
+        end = text.find(CALL_CLOSE, body_start)
+        stop = len(text) if end < 0 else end + len(CALL_CLOSE)
+        spans.append((text[start:stop], text[body_start : len(text) if end < 0 else end]))
+        position = stop
+    return spans
 
 
 def _json_or_none(text: str) -> Any:

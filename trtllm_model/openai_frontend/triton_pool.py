@@ -28,15 +28,19 @@ from tritonclient.utils import InferenceServerException
 from ..executor_interface import Tokenizer
 from ..server import ADMIN_KEY_ENV, admin_headers
 from .protocol import ApiError
-from .tokenization import config_parameters, context_length, load_model_tokenizer
+from .tokenization import config_parameters, context_length, llmapi_tokenizer_parameters, load_model_tokenizer
 
 IDLE_CLOSE_S = 0.25
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 # Our model's finish_reason output -> OpenAI's.
-FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "length": "length", "timeout": "length"}
+FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "stop": "stop", "length": "length", "timeout": "length"}
+# The engine's per-request KV-cache reuse, in blocks (NVIDIA's return_perf_metrics outputs): blocks -> cached tokens.
+REUSED_BLOCKS_OUTPUTS = ("kv_cache_reused_blocks", "kv_cache_reused_block")
 # The model's error text starts with the Triton error code, then the input it is about (see triton_io.py).
 _ERROR = re.compile(r"^(?:\[request id: [^\]]*\] )?(?:(?P<code>[A-Z_]+): )?(?P<text>.*)$", re.S)
 _FIELD = re.compile(r"^(?P<name>[a-z_]+)\b")
+# The embedded engine's block size; NVIDIA's default tokens_per_block for TensorRT-LLM's engines.
+EMBEDDED_TOKENS_PER_BLOCK, TRTLLM_TOKENS_PER_BLOCK = 16, 32
 # The engines' words for a prompt (+ max_tokens) over what the model takes: OpenAI's context_length_exceeded.
 _TOO_LONG = re.compile(r"^(input length \d+ (\+ max_tokens \d+ )?exceeds|input_ids: prompt of \d+ tokens is over|"
                        r"\w+=\d+: with the prompt's \d+ tokens that is \d+, over max_seq_len)")
@@ -49,6 +53,12 @@ class ModelInfo:
     max_output_len: int | None
     context_length: int | None
     inputs: frozenset[str] = frozenset()  # the model's input names (optional ones are sent only if it has them)
+    # NVIDIA's LLM API layout (text_input, sampling_param_*, cumulative text_output) rather than token ids.
+    outputs: frozenset[str] = frozenset()
+    text: bool = False
+    decoupled: bool = True  # streams its responses; otherwise one response per request
+    batched: bool = False  # max_batch_size > 0: every tensor has a leading batch dimension of 1
+    tokens_per_block: int = EMBEDDED_TOKENS_PER_BLOCK  # to count reused KV blocks as cached prompt tokens
     created: int = field(default_factory=lambda: int(time.time()))
     request_template: service_pb2.ModelInferRequest = field(init=False)  # what every request to it starts from
 
@@ -78,6 +88,7 @@ class Delta:
     token_ids: list[int]
     log_probs: list[float] | None
     finish_reason: str | None  # OpenAI's, on the last delta only
+    text: str | None = None  # a text model's new text (token_ids then empty)
 
 
 def _add_input(request: service_pb2.ModelInferRequest, name: str, datatype: str, shape: list[int], raw: bytes) -> None:
@@ -94,6 +105,8 @@ def _request_template(info: ModelInfo) -> service_pb2.ModelInferRequest:
     request = service_pb2.ModelInferRequest(model_name=info.name)
     # The end is Triton's `triton_final_response` flag, even on a final response with no outputs.
     request.parameters["triton_enable_empty_final_response"].bool_param = True
+    if info.text:
+        return _text_request_template(info, request)
     _add_input(request, "streaming", "BOOL", [1, 1], _TRUE)
     if "return_finish_reason" in info.inputs:
         _add_input(request, "return_finish_reason", "BOOL", [1, 1], _TRUE)
@@ -102,6 +115,64 @@ def _request_template(info: ModelInfo) -> service_pb2.ModelInferRequest:
         _add_input(request, "end_id", "INT32", [1, 1], struct.pack("<i", end_id))
     for name in ("output_ids", "finish_reason"):  # only what the frontend reads (log probs: added when asked)
         request.outputs.add(name=name)
+    _ask_reused_blocks(request, info)
+    return request
+
+
+def _ask_reused_blocks(request: service_pb2.ModelInferRequest, info: ModelInfo) -> None:
+    """The engine's count of this request's reused KV blocks (usage.prompt_tokens_details.cached_tokens)."""
+    perf_input = "sampling_param_return_perf_metrics" if info.text else "return_perf_metrics"
+    output = next((name for name in REUSED_BLOCKS_OUTPUTS if name in info.outputs), None)
+    if perf_input in info.inputs and output is not None:
+        _add_input(request, perf_input, "BOOL", _shape(info, 1) if info.text else [1, 1], _TRUE)
+        request.outputs.add(name=output)
+
+
+def _text_request_template(info: ModelInfo, request: service_pb2.ModelInferRequest) -> service_pb2.ModelInferRequest:
+    """NVIDIA's LLM API model: text in, the text so far out (without the prompt), its finish reason."""
+    _add_input(request, "streaming", "BOOL", _shape(info, 1), _TRUE if info.decoupled else b"\x00")
+    for name in ("return_finish_reason", "sampling_param_exclude_input_from_output"):
+        if name in info.inputs:
+            _add_input(request, name, "BOOL", _shape(info, 1), _TRUE)
+    for name in ("text_output", "finish_reason"):
+        request.outputs.add(name=name)
+    _ask_reused_blocks(request, info)
+    return request
+
+
+def _shape(info: ModelInfo, size: int) -> list[int]:
+    return [1, size] if info.batched else [size]
+
+
+def _bytes_tensor(texts: list[str]) -> bytes:
+    return b"".join(struct.pack("<I", len(raw)) + raw for raw in (text.encode() for text in texts))
+
+
+def text_generation_request(request_id: str, info: ModelInfo, prompt: str,
+                            sampling: Sampling) -> service_pb2.ModelInferRequest:
+    """The LLM API model's inputs (text_input, sampling_param_*) for one generation."""
+    unsupported = (("logprobs", sampling.logprobs), ("min_tokens", sampling.min_tokens),
+                   ("guided_decoding_guide_type", sampling.guide_type))
+    for name, value in unsupported:
+        if value:
+            param = sampling.param_names.get(name, name)
+            raise ApiError(400, f"{param}: not supported by model {info.name!r} (NVIDIA's LLM API inputs have no "
+                           "such parameter)", param, "unsupported_parameter")
+    request = service_pb2.ModelInferRequest()
+    request.CopyFrom(info.request_template)
+    request.id = request_id
+    _add_input(request, "text_input", "BYTES", _shape(info, 1), _bytes_tensor([prompt]))
+    _add_input(request, "sampling_param_max_tokens", "INT32", _shape(info, 1), struct.pack("<i", sampling.max_tokens))
+    for name, value in (("temperature", sampling.temperature), ("top_p", sampling.top_p),
+                        ("presence_penalty", sampling.presence_penalty),
+                        ("frequency_penalty", sampling.frequency_penalty)):
+        if value is not None:
+            _add_input(request, f"sampling_param_{name}", "FP32", _shape(info, 1), struct.pack("<f", value))
+    if sampling.seed is not None:
+        _add_input(request, "sampling_param_seed", "UINT64", _shape(info, 1), struct.pack("<Q", sampling.seed))
+    if sampling.stop_words:
+        _add_input(request, "sampling_param_stop", "BYTES", _shape(info, len(sampling.stop_words)),
+                   _bytes_tensor(sampling.stop_words))
     return request
 
 
@@ -149,10 +220,35 @@ def response_delta(response: service_pb2.ModelInferResponse, final: bool) -> Del
         elif output.name == "output_log_probs":
             log_probs = array("f", raw).tolist()
         elif output.name == "finish_reason" and len(raw) >= 4:
-            length = struct.unpack_from("<I", raw)[0]  # the first string of a BYTES tensor
-            reason = raw[4 : 4 + length].decode()
+            reason = _first_string(raw)
     finish = FINISH_REASONS.get(reason or "", "stop") if final else None
     return Delta(ids, log_probs, finish)
+
+
+def _first_string(raw: bytes) -> str:
+    """The first string of a BYTES tensor."""
+    length = struct.unpack_from("<I", raw)[0]
+    return raw[4 : 4 + length].decode()
+
+
+def reused_blocks(response: service_pb2.ModelInferResponse) -> int | None:
+    for index, output in enumerate(response.outputs):
+        if output.name in REUSED_BLOCKS_OUTPUTS:
+            raw = response.raw_output_contents[index]
+            return struct.unpack_from("<i", raw)[0] if len(raw) >= 4 else None
+    return None
+
+
+def text_so_far(response: service_pb2.ModelInferResponse) -> tuple[str | None, str | None]:
+    """A text model's response: (its text so far, its finish reason; None while it runs)."""
+    text, reason = None, None
+    for index, output in enumerate(response.outputs):
+        raw = response.raw_output_contents[index]
+        if output.name == "text_output" and len(raw) >= 4:
+            text = _first_string(raw)
+        elif output.name == "finish_reason" and len(raw) >= 4:
+            reason = _first_string(raw)
+    return text, None if reason in (None, "None") else reason
 
 
 def api_error_from_triton(message: str, param_names: dict[str, str]) -> ApiError:
@@ -165,7 +261,9 @@ def api_error_from_triton(message: str, param_names: dict[str, str]) -> ApiError
         name = _FIELD.match(text)
         param = param_names.get(name.group("name")) if name else None
         if param and name.group("name") != param:
-            text = f"{param}: {text}"  # named as the caller knows it, Triton's own words after
+            # Named as the caller knows it ("max_tokens=4097: ...", not the tensor's request_output_len=4097).
+            rest = text[name.end() :]
+            text = f"{param}{rest}" if rest.startswith("=") else f"{param}: {text}"
         return ApiError(400, text, param, code.lower())
     if code == "UNAVAILABLE" and text.startswith("queue full"):
         return ApiError(429, text, None, "queue_full")
@@ -211,11 +309,12 @@ class _Calls:
 
 
 class TritonPool:
-    def __init__(self, urls: list[str], executor: str | None = None) -> None:
+    def __init__(self, urls: list[str], executor: str | None = None, model_repository: str | None = None) -> None:
         if not urls:
             raise ValueError("at least one Triton gRPC URL is needed")
         self.urls = urls
         self.executor = executor  # the executor the server was started with, when it overrides the config's
+        self.model_repository = model_repository  # where an LLM API model's model.yaml (its tokenizer) is read
         # tritonclient's asyncio client for readiness and the repository; generations on a channel of their own
         # through tritonclient's generated stub, with raw tensors.
         self._clients = [grpcaio.InferenceServerClient(url) for url in urls]
@@ -259,19 +358,31 @@ class TritonPool:
             for name, state in states.items():
                 if state == "READY" and name not in self.models:
                     config = (await self._first_answer(lambda c, n=name: c.get_model_config(n, as_json=True)))["config"]
-                    if _streams_tokens(config):
+                    if _generates(config):
                         self.models[name] = await asyncio.to_thread(self._model_info, name, config)
             return states
 
     def _model_info(self, name: str, config: dict) -> ModelInfo:
         parameters = config_parameters(config)
-        tokenizer = load_model_tokenizer(parameters, self.executor)
+        text = _generates(config) == "text"
+        llm_api = llmapi_tokenizer_parameters(self.model_repository, name) if text else None
+        if llm_api is not None:
+            parameters = {**llm_api[0], **parameters}
+        executor = self.executor or (llm_api[1] if llm_api else None)
+        tokenizer = load_model_tokenizer(parameters, executor)
         if tokenizer is None:
             raise ApiError(503, f"model {name}: no tokenizer known (set its tokenizer_dir parameter)", None,
                            "no_tokenizer")
         max_output = parameters.get("max_output_len")
+        block = parameters.get("tokens_per_block")
+        executor = executor or parameters.get("executor") or "transformers"
+        default_block = EMBEDDED_TOKENS_PER_BLOCK if executor in ("transformers", "synthetic") else TRTLLM_TOKENS_PER_BLOCK
         return ModelInfo(name, tokenizer, int(max_output) if max_output else None, context_length(tokenizer),
-                         frozenset(i["name"] for i in config.get("input", [])))
+                         frozenset(i["name"] for i in config.get("input", [])), text=text,
+                         decoupled=config.get("model_transaction_policy", {}).get("decoupled", False),
+                         batched=int(config.get("max_batch_size", 0) or 0) > 0,
+                         tokens_per_block=int(block) if block else default_block,
+                         outputs=frozenset(o["name"] for o in config.get("output", [])))
 
     async def model(self, name: str) -> ModelInfo:
         info = self.models.get(name)
@@ -280,6 +391,10 @@ class TritonPool:
         states = await self.refresh_models()
         if name in self.models:
             return self.models[name]
+        if states.get(name) == "READY":
+            raise ApiError(404, f"The model {name!r} is served by Triton but is not a text generation model this API "
+                           "can drive (token ids or NVIDIA's LLM API inputs); GET /v1/models lists those", "model",
+                           "model_not_found")
         if name in states:
             raise ApiError(503, f"model {name!r} is not ready ({states[name] or 'unknown state'})", "model",
                            "model_not_ready")
@@ -298,14 +413,19 @@ class TritonPool:
     async def send(self, info: ModelInfo, input_ids: list[int], sampling: Sampling) -> TritonGeneration:
         """The request, sent to the next Triton in turn (one that cannot be reached is skipped for the next). Returns
         as soon as it is written, so the caller prepares its response while the model works."""
-        request = generation_request(f"{self._id_prefix}{next(self._ids)}", info, input_ids, sampling)
+        request_id = f"{self._id_prefix}{next(self._ids)}"
+        if info.text:  # the prompt as text: the chat template's rendering, special tokens included
+            prompt = info.tokenizer.decode(input_ids, skip_special_tokens=False)
+            request = text_generation_request(request_id, info, prompt, sampling)
+        else:
+            request = generation_request(request_id, info, input_ids, sampling)
         failure: grpc.RpcError | None = None
         for _ in range(len(self._calls)):
             calls = self._calls[next(self._turn)]
             call = calls.take()
             try:
                 await call.write(request)
-                return TritonGeneration(calls, call, sampling)
+                return TritonGeneration(calls, call, sampling, info)
             except grpc.RpcError as exc:
                 call.cancel()
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
@@ -321,9 +441,11 @@ class TritonGeneration:
     """One request on its `ModelStreamInfer` call: `next_delta()` until a delta has a finish reason, then
     `close()`. Closed before its final response, the call is cancelled, and Triton cancels the request."""
 
-    def __init__(self, calls: _Calls, call: grpc.aio.StreamStreamCall, sampling: Sampling) -> None:
-        self._calls, self._call, self._sampling = calls, call, sampling
+    def __init__(self, calls: _Calls, call: grpc.aio.StreamStreamCall, sampling: Sampling, info: ModelInfo) -> None:
+        self._calls, self._call, self._sampling, self._info = calls, call, sampling, info
         self._generated = 0
+        self._text = ""  # a text model's text so far
+        self.cached_tokens = 0  # prompt tokens the engine found in its KV cache (reused blocks)
         self._done = False  # the final (or an error) response came: the call carries no request now
         self._closed = False
 
@@ -341,12 +463,27 @@ class TritonGeneration:
         response = message.infer_response
         final_flag = response.parameters.get("triton_final_response")
         final = final_flag is not None and final_flag.bool_param
+        blocks = reused_blocks(response)
+        if blocks:
+            self.cached_tokens = blocks * self._info.tokens_per_block
+        if self._info.text:
+            return self._text_delta(response, final)
         delta = response_delta(response, final)
         self._generated += len(delta.token_ids)
         if final and not _has_output(response, "finish_reason"):
             delta.finish_reason = "length" if self._generated >= self._sampling.max_tokens else "stop"
         self._done = final
         return delta
+
+    def _text_delta(self, response: service_pb2.ModelInferResponse, final: bool) -> Delta:
+        text, reason = text_so_far(response)
+        new = ""
+        if text is not None:
+            # Streamed, the text so far (cumulative, as the LLM API's); unary, all of it at once.
+            new = text[len(self._text) :] if text.startswith(self._text) else text
+            self._text = text
+        self._done = final
+        return Delta([], None, FINISH_REASONS.get(reason or "", "stop") if final else None, new)
 
     def close(self) -> None:
         if self._closed:
@@ -366,9 +503,14 @@ def _has_output(response: service_pb2.ModelInferResponse, name: str) -> bool:
     return any(output.name == name for output in response.outputs)
 
 
-def _streams_tokens(config: dict) -> bool:
-    """A decoupled model with NVIDIA's token-level names: our `tensorrt_llm` (the ensemble is text-only)."""
+def _generates(config: dict) -> str | None:
+    """"tokens": a decoupled model with NVIDIA's token-level names (our `tensorrt_llm`); "text": NVIDIA's LLM API
+    model (text_input, sampling_param_*; decoupled or not); None: neither (the ensemble, BLS, pre/postprocessing)."""
     inputs = {i["name"] for i in config.get("input", [])}
     outputs = {o["name"] for o in config.get("output", [])}
     decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
-    return decoupled and {"input_ids", "request_output_len"} <= inputs and "output_ids" in outputs
+    if decoupled and {"input_ids", "request_output_len"} <= inputs and "output_ids" in outputs:
+        return "tokens"
+    if {"text_input", "sampling_param_max_tokens"} <= inputs and "text_output" in outputs:
+        return "text"
+    return None
