@@ -150,6 +150,8 @@ def start_openai_frontend(options: ServerOptions, connect_host: str, port: int) 
                f"--host={options.host}", f"--port={port}"]
     if options.executor:
         command.append(f"--executor={options.executor}")  # the frontend loads the tokenizer of the executor in use
+    # An LLM API model's tokenizer is named in its model.yaml, which the frontend reads from the repository.
+    command.append(f"--model-repository={options.model_repository}")
     # The frontend lists the models through the restricted repository index: it gets the key, in its environment
     # (not on its command line, which any local user can read).
     return subprocess.Popen(command, env={**os.environ, ADMIN_KEY_ENV: options.admin_key})
@@ -274,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     openai.add_argument("--log-level", default="warning", help="uvicorn's log level (info logs every request)")
     openai.add_argument("--max-body-bytes", type=int, default=4 << 20,
                         help="largest request body accepted (default 4 MiB); a larger one gets 413")
+    openai.add_argument("--model-repository", help="the server's model repository (an LLM API model's model.yaml "
+                        "names its tokenizer)")
+    openai.add_argument("--no-access-log", action="store_true", help="no log line per request (on stderr)")
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "configure":
@@ -289,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         from .openai_frontend.app import run as run_openai
 
         urls = [url for value in args.triton_url for url in value.split(",") if url]
-        run_openai(urls, args.host, args.port, args.executor, args.log_level, args.max_body_bytes)
+        run_openai(urls, args.host, args.port, args.executor, args.log_level, args.max_body_bytes,
+                   args.model_repository, not args.no_access_log)
         return 0
     repository = (args.model_repository or (LLMAPI_REPOSITORY if args.layout == "llmapi" else DEFAULT_REPOSITORY)).resolve()
     if args.decoupled is not None or args.assignments:
