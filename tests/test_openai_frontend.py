@@ -9,6 +9,8 @@ import contextlib
 import json
 import sys
 import threading
+import time
+import types
 
 import pytest
 from test_layering import PACKAGE, imported_modules
@@ -519,3 +521,86 @@ def test_tools_reach_a_template_that_ignores_them_as_a_system_message():
     assert prompt.startswith("<|im_start|>system\nYou can call these tools") and '"get_weather"' in prompt
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
     assert "<|im_start|>tool\nsunny<|im_end|>" in prompt
+
+
+def tool_call_with_spaces(spaces: int) -> str:
+    """A call whose JSON has a run of whitespace inside (a model that pads): the shape that made the old regex
+    parse take time quadratic in the run (16k spaces: seconds)."""
+    return '<tool_call>{"name": "get_time",' + " " * spaces + '"arguments": {}}</tool_call>'
+
+
+def parse_seconds(text: str, repeats: int = 7) -> float:
+    from trtllm_model.openai_frontend.tools import ToolCallText
+
+    best = float("inf")
+    for _ in range(repeats):  # the fastest of several: what the parse costs, not what the machine did meanwhile
+        calls_text = ToolCallText(forced=False)
+        calls_text.push(text)
+        started = time.perf_counter()
+        _, calls = calls_text.finish()
+        best = min(best, time.perf_counter() - started)
+        assert [c["function"]["name"] for c in calls] == ["get_time"]
+    return best
+
+
+def test_tool_call_parsing_is_linear_in_the_whitespace_of_a_call():
+    """4x the whitespace costs about 4x (quadratic: 16x); 64k spaces parse in well under a second (e488561: 4k
+    spaces 0.26 s, 16k 4.2 s, 64k over a minute)."""
+    small, large = parse_seconds(tool_call_with_spaces(4096)), parse_seconds(tool_call_with_spaces(16384))
+    assert large <= 8 * small + 0.002, (small, large)
+    assert parse_seconds(tool_call_with_spaces(65536), repeats=1) < 1.0
+
+
+def test_a_long_tool_call_answer_is_parsed_off_the_event_loop():
+    """An answer over INLINE_TOOL_PARSE_CHARS is parsed in a worker thread (the loop serves other connections);
+    a short one inline."""
+    from trtllm_model.openai_frontend.tools import ToolCallText
+
+    threads = []
+
+    class RecordingCalls(ToolCallText):
+        def finish(self):
+            threads.append(threading.get_ident())
+            return super().finish()
+
+    async def parse(text: str):
+        calls_text = RecordingCalls(forced=False)
+        calls_text.push(text)
+        return await app_module.Generation.finish_calls(types.SimpleNamespace(calls=calls_text))
+
+    for spaces in (10, 4 * app_module.INLINE_TOOL_PARSE_CHARS):
+        _, calls = asyncio.run(parse(tool_call_with_spaces(spaces)))
+        assert [c["function"]["name"] for c in calls] == ["get_time"]
+    loop_thread = threading.get_ident()  # asyncio.run runs the loop in this thread
+    assert threads[0] == loop_thread and threads[1] != loop_thread
+
+
+def test_parallel_tool_calls_is_honoured():
+    """false: the first call only; true with tool_choice required: the guide asks for a list of one or more calls,
+    each of which comes back; unset: as before (one call)."""
+    from trtllm_model.openai_frontend.tools import ToolCallText, call_text, guide_of
+
+    text = call_text("get_weather", '{"city": "Paris"}') + call_text("get_time", "{}")
+    for parallel, names in ((None, ["get_weather", "get_time"]), (True, ["get_weather", "get_time"]),
+                            (False, ["get_weather"])):
+        calls_text = ToolCallText(forced=False, parallel=parallel)
+        calls_text.push(text)
+        assert [c["function"]["name"] for c in calls_text.finish()[1]] == names
+
+    one = json.loads(guide_of(chat_body(tools=[WEATHER_TOOL], tool_choice="required")).guide)
+    many = json.loads(guide_of(chat_body(tools=[WEATHER_TOOL], tool_choice="required", parallel_tool_calls=True)).guide)
+    assert many == {"type": "array", "items": one, "minItems": 1}
+    forced = ToolCallText(forced=True, parallel=True)
+    forced.push('[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_weather", "arguments": {}}]')
+    assert [json.loads(c["function"]["arguments"]) for c in forced.finish()[1]] == [{"city": "Oslo"}, {}]
+
+
+def test_over_max_output_len_is_refused_naming_max_tokens():
+    info = ModelInfo("m", TOKENIZER, 4096, None)
+    for field in ("max_tokens", "max_completion_tokens"):
+        with pytest.raises(ApiError) as refused:
+            app_module._sampling(chat_body(**{field: 4097}), info, 2)
+        assert refused.value.body()["error"] == {"message": f"{field}=4097: must be at most 4096 (the model's "
+                                                 "max_output_len)", "type": "invalid_request_error", "param": field,
+                                                 "code": "invalid_value"}
+    assert app_module._sampling(chat_body(max_tokens=4096), info, 2).max_tokens == 4096
