@@ -28,10 +28,12 @@ def wait_for_frontend(base_url: str, server: Server | None = None, timeout_s: fl
                        f"{server.log()[-6000:] if server else ''}")
 
 
-def start_openai_server(workdir: Path, executor: str, parameters: dict[str, str] | None = None) -> tuple[Server, str]:
-    """The server and the frontend's base URL (http://127.0.0.1:PORT/v1)."""
+def start_openai_server(workdir: Path, executor: str | None, parameters: dict[str, str] | None = None,
+                        **server_options) -> tuple[Server, str]:
+    """The server and the frontend's base URL (http://127.0.0.1:PORT/v1); `server_options` go to start_server
+    (repository=, serve_args=: the LLM API layout)."""
     (port,) = free_ports(1)
-    server = start_server(workdir, executor=executor, parameters=parameters, openai_port=port)
+    server = start_server(workdir, executor=executor, parameters=parameters, openai_port=port, **server_options)
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
         wait_for_frontend(base_url, server)

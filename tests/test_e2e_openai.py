@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -157,11 +158,13 @@ def test_invalid_parameters_are_400_naming_the_parameter(client, served):
     assert local.value.status_code == 400 and local.value.body["param"] == "temperature"
     assert local.value.body["type"] == "invalid_request_error"
 
-    with pytest.raises(openai.BadRequestError) as from_triton:  # the model's INVALID_ARG text, carried through
-        client.completions.create(model="tensorrt_llm", prompt="a", max_tokens=100000)
-    assert from_triton.value.body["param"] == "max_tokens"
-    assert from_triton.value.body["message"] == "max_tokens: request_output_len=100000: must be at most 4096"
-    assert from_triton.value.body["code"] == "invalid_arg"
+    # Over the model's max_output_len: named as the caller sent it, not as the model's request_output_len tensor.
+    for over in (4097, 100000):
+        with pytest.raises(openai.BadRequestError) as too_many:
+            client.completions.create(model="tensorrt_llm", prompt="a", max_tokens=over)
+        assert too_many.value.body == {"message": f"max_tokens={over}: must be at most 4096 (the model's "
+                                       "max_output_len)", "type": "invalid_request_error", "param": "max_tokens",
+                                       "code": "invalid_value"}
 
     with pytest.raises(openai.BadRequestError) as several:
         client.chat.completions.create(model="tensorrt_llm", messages=HI, n=2)
@@ -272,6 +275,102 @@ def test_model_not_ready_is_503(client, served):
     finally:
         requests.post(f"{repository}/load", json={}, headers=server.admin_headers, timeout=120).raise_for_status()
     assert client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=2).choices[0].message.content
+
+
+def frontend_metrics(base_url: str):
+    return scrape(base_url.removesuffix("/v1") + "/metrics")
+
+
+def refused(base_url: str, status: int, reason: str) -> float:
+    return frontend_metrics(base_url).value("trtllm_openai_requests_refused_total", status=str(status), reason=reason)
+
+
+def test_unknown_routes_are_404_in_openais_error_shape(served):
+    base_url = served[1]
+    for method, path in (("POST", "/v1/responses"), ("GET", "/v1/nothing"), ("GET", "/v2/models")):
+        answer = requests.request(method, base_url.removesuffix("/v1") + path, json={}, timeout=10)
+        assert answer.status_code == 404, path
+        assert answer.json() == {"error": {"message": f"Invalid URL ({method} {path}): this API serves "
+                                           "/v1/chat/completions, /v1/completions and /v1/models",
+                                           "type": "invalid_request_error", "param": None, "code": "unknown_url"}}
+    with pytest.raises(openai.NotFoundError) as missing:  # the official client's Responses API
+        OpenAI(base_url=base_url, api_key="none", max_retries=0).responses.create(model="tensorrt_llm", input="Hi")
+    assert missing.value.body["code"] == "unknown_url"
+
+
+def test_usage_reports_cached_tokens_and_continuous_usage(client):
+    """prompt_tokens_details.cached_tokens always (the synthetic engine reuses no KV blocks: 0; the embedded
+    engine's reuse: test_e2e_openai_transformers.py); with stream_options.continuous_usage_stats every chunk carries
+    the usage so far."""
+    answer = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=4)
+    assert answer.usage.prompt_tokens_details.cached_tokens == 0
+    stream = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=5, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True})
+    chunks = list(stream)
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert all(c.usage is not None for c in chunks) and counts == sorted(counts) and counts[-1] == 5
+    assert [c.usage.prompt_tokens for c in chunks] == [len(chat_ids(HI))] * len(chunks)
+    plain = list(client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=5, stream=True,
+                                                stream_options={"include_usage": True}))
+    assert [c.usage is None for c in plain] == [True] * (len(plain) - 1) + [False]
+
+
+def test_a_log_line_and_a_count_per_request(client, served):
+    """The access log (stderr, in the server's log): method, path, status, tokens in and out, seconds; the
+    frontend's /metrics counts refusals by reason, which Triton never sees."""
+    server, base_url = served
+    before = refused(base_url, 400, "unsupported_value")
+    client.chat.completions.create(model="tensorrt_llm", messages=[{"role": "user", "content": "log me"}],
+                                   max_tokens=3)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tensorrt_llm", messages=HI, n=2)
+    prompt_tokens = len(chat_ids([{"role": "user", "content": "log me"}]))
+    deadline = time.monotonic() + 5
+    pattern = re.compile(rf"openai-access: POST /v1/chat/completions 200 prompt_tokens={prompt_tokens} "
+                         r"completion_tokens=3 \d+\.\d{3}s")
+    while not pattern.search(server.log()):
+        assert time.monotonic() < deadline, server.log()[-3000:]
+        time.sleep(0.1)
+    assert "openai-access: POST /v1/chat/completions 400 unsupported_value" in server.log()
+    assert refused(base_url, 400, "unsupported_value") == before + 1
+    assert frontend_metrics(base_url).value("trtllm_openai_requests_total", status="200") >= 1
+
+
+def queued_requests(server) -> float:
+    return scrape(server.metrics_url).value("nv_llm_queued_requests", model="tensorrt_llm")
+
+
+def test_clients_that_leave_before_their_first_token_leave_the_queue(served):
+    """The engine busy (max_batch_size 8 long streams), 6 clients time out before their first token and close their
+    connections: their Triton requests are cancelled, out of the engine's queue at once, not when they would have
+    started (e488561: they stayed queued, each ahead of any later client)."""
+    server, base_url = served
+    wait_open_requests(server, 0)
+    busy = OpenAI(base_url=base_url, api_key="none", max_retries=0)
+    streams = [busy.chat.completions.create(model="tensorrt_llm", messages=[{"role": "user", "content": f"b{n}"}],
+                                            max_tokens=3000, stream=True) for n in range(8)]
+    try:
+        wait_open_requests(server, 8)
+        before = refused(base_url, 499, "client_closed")
+        impatient = OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=1.0)
+
+        def leave(n: int) -> None:
+            with pytest.raises(openai.APITimeoutError):
+                impatient.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=5, stream=n % 2 == 0)
+
+        leaving = [threading.Thread(target=leave, args=(n,)) for n in range(6)]
+        for thread in leaving:
+            thread.start()
+        wait_open_requests(server, 14)  # queued behind the 8
+        for thread in leaving:
+            thread.join(10)
+        wait_open_requests(server, 8, timeout_s=5.0)  # the 6 left the queue; the 8 run on
+        assert queued_requests(server) == 0
+        assert refused(base_url, 499, "client_closed") == before + 6
+    finally:
+        for stream in streams:
+            stream.close()
+    wait_open_requests(server, 0)
 
 
 @contextlib.contextmanager

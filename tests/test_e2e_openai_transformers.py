@@ -132,3 +132,16 @@ def test_model_refusal_is_400_naming_the_parameter(client):
         client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_completion_tokens=5000)
     assert refused.value.body["param"] == "max_completion_tokens"
     assert "must be at most 4096" in refused.value.body["message"]
+
+
+def test_a_repeated_prompt_reports_its_cached_prefix_tokens(client):
+    """The engine's prefix cache (enable_kv_cache_reuse, blocks of 16 tokens): the second time a long prompt comes,
+    usage.prompt_tokens_details.cached_tokens counts the prompt tokens it found cached (whole blocks), as AIPerf
+    reads it."""
+    messages = [{"role": "system", "content": "You are a careful assistant. " * 12}, *FRANCE]
+    first = client.chat.completions.create(model="tensorrt_llm", messages=messages, max_tokens=2, **GREEDY)
+    again = client.chat.completions.create(model="tensorrt_llm", messages=messages, max_tokens=2, **GREEDY)
+    prompt_tokens = again.usage.prompt_tokens
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens < cached
+    assert cached % 16 == 0 and prompt_tokens - 16 <= cached < prompt_tokens, (cached, prompt_tokens)
