@@ -249,9 +249,9 @@ def test_at_most_four_stop_strings(client):
 
 
 def test_an_over_long_prompt_is_context_length_exceeded(client):
-    """Over the engine's max_num_tokens (2048 tokens of prompt); the other engines' words for it are mapped too
-    (tests/test_openai_frontend.py)."""
-    messages = [{"role": "user", "content": "word " * 2500}]
+    """Over the engine's max_input_len (4096 tokens of prompt; longer than max_num_tokens is prefilled in chunks);
+    the other engines' words for it are mapped too (tests/test_openai_frontend.py)."""
+    messages = [{"role": "user", "content": "word " * 5000}]
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model="tensorrt_llm", messages=messages, max_tokens=16)
     assert refused.value.code == "context_length_exceeded", refused.value.message
