@@ -77,3 +77,9 @@ def test_what_the_llmapi_inputs_cannot_carry_is_a_400_naming_it(client):
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=4, **extra)
         assert refused.value.body["param"] == param and refused.value.body["type"] == "invalid_request_error"
+
+
+def test_without_max_tokens_the_answer_runs_to_its_end(client):
+    """OpenAI's default: as long as the model allows (the context left after the prompt), not the LLM API's 32."""
+    answer = client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, **GREEDY)
+    assert answer.choices[0].finish_reason == "stop" and "Paris" in answer.choices[0].message.content
