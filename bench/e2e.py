@@ -60,7 +60,7 @@ def in_process(args, loads: list[int]) -> list[dict]:
     from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import load_model
     from trtllm_model.executor_interface import GenerationRequest
-    from trtllm_model.executors.engine_process import EngineSpec
+    from trtllm_model.executors.engine_wire import EngineSpec
     from trtllm_model.executors.transformers_executor import TransformersExecutor
 
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from trtllm_model.detokenizer import chat_prompt_ids  # noqa: E402
 from trtllm_model.embedded.model_loading import load_model  # noqa: E402
 from trtllm_model.executor_interface import GenerationRequest  # noqa: E402
-from trtllm_model.executors.engine_process import EngineSpec  # noqa: E402
+from trtllm_model.executors.engine_wire import EngineSpec  # noqa: E402
 from trtllm_model.executors.transformers_executor import TransformersExecutor  # noqa: E402
 
 QUESTIONS = [

@@ -1,6 +1,7 @@
 """End to end: the transformers executor's engine in its worker process (`engine_process`, the default on CUDA), behind a
 real tritonserver. A SIGKILL of the worker mid-stream takes the executor-death path: every open stream, token- and
-text-level, ends with one UNAVAILABLE final and the model reports not ready; the worker never outlives the server."""
+text-level, ends with one UNAVAILABLE final and the model reports not ready; so does a SIGSTOP once the worker's
+heartbeat is missed for engine_heartbeat_timeout_s; the worker never outlives the server."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from triton_client import StreamClient, model_error, stream_once, text_inputs, t
 
 pytestmark = pytest.mark.e2e
 
-WORKER_MODULE = "trtllm_model.executors.engine_process"
+WORKER_MODULE = "trtllm_model.executors.engine_worker"
 
 
 def engine_workers(server) -> list[psutil.Process]:
@@ -57,6 +58,44 @@ def test_killing_the_engine_worker_mid_stream_ends_every_stream_unavailable_and_
         client.close()
     finally:
         server.stop()
+
+
+def test_a_stopped_engine_worker_is_noticed_by_its_heartbeat_every_stream_ends_unavailable_and_the_model_not_ready(
+    tmp_path,
+):
+    """SIGSTOP: the worker neither exits nor sends anything. With engine_heartbeat_timeout_s=3 the open streams end
+    with UNAVAILABLE naming the hang within the timeout (plus the poller's look), and the model reports not ready."""
+    server = start_server(tmp_path, executor="transformers",
+                          parameters={"max_batch_size": "4", "engine_process": "true", "engine_heartbeat_timeout_s": "3"})
+    (worker,) = engine_workers(server)
+    try:
+        client = StreamClient(server.grpc_url)
+        streams = [client.send("tensorrt_llm", token_inputs([1, 504, 3575], 4000, min_tokens=(4000, np.int32)), "t"),
+                   client.send("ensemble", text_inputs("Tell me a long story.", 4000, min_tokens=(4000, np.int32)),
+                               "text")]
+        deadline = time.monotonic() + 120
+        while not all(stream.responses for stream in streams):
+            assert time.monotonic() < deadline, "the streams never started"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        for stream in streams:
+            assert stream.done.wait(max(0.0, stopped_at + 6.0 - time.monotonic())), "a stream was left hanging"
+            assert stream.finals == 1 and len(stream.errors) == 1
+            assert model_error(stream.errors[0]).startswith("UNAVAILABLE"), stream.errors
+            assert "engine worker hung: no heartbeat for 3." in stream.errors[0], stream.errors
+        assert time.monotonic() - stopped_at >= 3.0  # not before the timeout
+        grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+        deadline = time.monotonic() + 10
+        while grpc_client.is_model_ready("tensorrt_llm") or grpc_client.is_model_ready("ensemble"):
+            assert time.monotonic() < deadline, "a model still reports ready with a hung engine worker"
+            time.sleep(0.1)
+        client.close()
+    finally:
+        if worker.is_running():
+            worker.send_signal(signal.SIGCONT)
+        server.stop()
+    worker.wait(10)  # the hung worker was killed with its model, not left stopped
 
 
 def test_the_worker_serves_and_ends_with_the_server(tmp_path):

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import jsonschema
 import numpy as np
 import openai
 import pytest
+from conftest import start_server
 from openai import OpenAI
 from openai_server import start_openai_server
-from triton_client import stream_once, text_inputs, token_inputs
+from triton_client import StreamClient, stream_once, text_inputs, token_inputs
 
 from trtllm_model.embedded.model_loading import load_tokenizer
 
@@ -141,6 +143,64 @@ def test_a_hostile_guide_is_invalid_arg_naming_the_limit_and_the_server_keeps_se
         chat_ids(tokenizer, "Tell me about Paris."), 96, end_id=(tokenizer.eos_token_id, np.int32),
         **guide_inputs("regex", REGEX)), timeout_s=180)
     assert not tokens.errors, tokens.errors
+    assert_follows("regex", tokenizer.decode(tokens.tokens()))
+
+
+# -- the engine in its worker process (engine_process=true): the worker compiles guides, once, off its command loop --
+@pytest.fixture(scope="module")
+def worker_server(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("guided-worker"), executor="transformers", parameters={
+        "engine_process": "true", "max_batch_size": "4", "guide_compile_timeout_s": "1"})
+    yield server
+    server.stop()
+
+
+def slow_schema(max_length: int) -> str:
+    """Passes the guide checks and compiles in 2 to 15 s on 2 shared cores (a distinct guide per max_length)."""
+    return json.dumps({"type": "object", "properties": {"note": {"type": "string", "maxLength": max_length}},
+                       "required": ["note"]})
+
+
+def refused_in(server, guide: str) -> float:
+    """Seconds until the guided request was refused: INVALID_ARG naming the compile timeout."""
+    started = time.monotonic()
+    result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 2, 3], 4, **guide_inputs(
+        "json_schema", guide)), timeout_s=60)
+    seconds = time.monotonic() - started
+    assert len(result.errors) == 1 and result.finals == 1, result.errors
+    assert result.errors[0].startswith("INVALID_ARG") and "guide_compile_timeout_s=1 s" in result.errors[0]
+    return seconds
+
+
+def test_in_the_worker_unguided_requests_are_answered_while_a_slow_guide_compiles(worker_server):
+    client = StreamClient(worker_server.grpc_url)
+    try:
+        guided = client.send("tensorrt_llm", token_inputs([1, 2, 3], 4, **guide_inputs("json_schema",
+                                                                                      slow_schema(301))), "g")
+        time.sleep(0.2)  # it reaches the worker's compiler first
+        for i in range(3):
+            result = stream_once(worker_server.grpc_url, "tensorrt_llm", token_inputs([1, 504, 3575 + i], 2))
+            assert result.errors == [] and result.finals == 1 and len(result.tokens()) == 2
+        # The compilation is still under way after those three: a resend waits the whole second for it.
+        assert refused_in(worker_server, slow_schema(301)) >= 0.8
+        guided.wait(30)
+        assert guided.errors and "guide_compile_timeout_s=1 s" in guided.errors[0]
+    finally:
+        client.close()
+
+
+def test_in_the_worker_a_guide_that_timed_out_is_refused_again_within_the_bound(worker_server, tokenizer):
+    guide = slow_schema(302)
+    assert refused_in(worker_server, guide) < 4.0
+    # Sent again while it compiles, and after: refused again each time, within the bound, never served; once the
+    # compilation has ended the kept refusal comes at once.
+    deadline = time.monotonic() + 120
+    while refused_in(worker_server, guide) >= 0.5:
+        assert time.monotonic() < deadline, "the compilation never ended"
+    tokens = stream_once(worker_server.grpc_url, "tensorrt_llm", token_inputs(
+        chat_ids(tokenizer, "Tell me about Paris."), 96, end_id=(tokenizer.eos_token_id, np.int32),
+        **guide_inputs("regex", REGEX)), timeout_s=180)
+    assert not tokens.errors, tokens.errors  # a guide within the bound is served
     assert_follows("regex", tokenizer.decode(tokens.tokens()))
 
 

@@ -1,4 +1,5 @@
-"""The embedded engine in a worker process (executors/engine_process.py): the message format, and everything the
+"""The embedded engine in a worker process (executors/engine_client.py, engine_worker.py): the message format
+(engine_wire.py), and everything the
 executor interface promises across the process boundary (ids, tokens, logits, cancellation, stats, rejections,
 death of the worker, the worker dying with its parent). One worker (SmolLM2) serves the module's tests."""
 
@@ -27,7 +28,8 @@ from trtllm_model.executor_interface import (
     RequestRejected,
     Step,
 )
-from trtllm_model.executors.engine_process import EngineProcess, decode, encode
+from trtllm_model.executors.engine_client import EngineProcess
+from trtllm_model.executors.engine_wire import Progress, decode, encode, pack_steps, unpack_steps
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
 from trtllm_model.params import Params
 
@@ -69,17 +71,32 @@ def test_a_steps_message_round_trips_with_logits_as_out_of_band_frames():
     logits = np.random.default_rng(1).standard_normal((1, 3, 49152), dtype=np.float32)
     steps = [
         Step(7, [11, 12, 13], log_probs=[-0.5, -1.0, -0.25], cum_log_prob=-1.75, generation_logits=logits),
-        Step(8, is_final=True, finish_reason=FinishReason.ERROR, error="decode failed: boom"),
+        Step(8, is_final=True, finish_reason=FinishReason.ERROR, error="decode failed: boom", client_error=True),
+        Step(9, [5], is_final=True, finish_reason=FinishReason.LENGTH, cum_log_prob=-0.1, kv_cache_reused_blocks=2),
+        Step(10, [], is_final=True, finish_reason=FinishReason.CANCELLED, log_probs=[], cum_log_prob=-2.0),
     ]
     stats = [IterationStats(1.5, 3, 2, 0, 4, kv_cache=KvCacheStats(100, 60, 40, 1))]
-    frames = encode(("steps", steps, stats, 0, 2))
-    assert len(frames) == 2 and len(frames[0]) < 700  # logits beside the pickle; fields without their names
-    kind, got, got_stats, queued, seen = decode(frames)
-    assert (kind, queued, seen) == ("steps", 0, 2)
-    assert got[0].token_ids == [11, 12, 13] and got[0].log_probs == [-0.5, -1.0, -0.25]
+    frames = encode(("steps", pack_steps(steps), stats, Progress(3, True, 0, 2)))
+    assert len(frames) == 2 and len(frames[0]) < 2000  # the logits beside the pickle, not in it
+    kind, packed, got_stats, progress = decode(frames)
+    assert kind == "steps" and progress == Progress(3, True, 0, 2) and got_stats == stats
+    got = unpack_steps(packed)
     assert np.array_equal(got[0].generation_logits, logits) and got[0].generation_logits.dtype == np.float32
-    assert got[1].is_final and got[1].finish_reason is FinishReason.ERROR and got[1].error == "decode failed: boom"
-    assert got_stats == stats
+    got[0].generation_logits = steps[0].generation_logits = None
+    assert got == steps
+
+
+def test_a_step_batch_is_a_few_flat_arrays_whatever_the_number_of_requests():
+    """256 decoding requests: one array per column, the rare fields (one error) in the side list; every field
+    comes back, log probs only where they were sent."""
+    steps = [Step(i, [i % 7, i], log_probs=[-0.5, -float(i)] if i % 2 else None, cum_log_prob=-float(i) if i % 2
+                  else None) for i in range(256)]
+    steps[100] = Step(100, is_final=True, finish_reason=FinishReason.ERROR, error="request failed: no")
+    packed = pack_steps(steps)
+    assert packed.token_ids.tolist() == [token for step in steps for token in step.token_ids]
+    assert packed.request_ids.shape == (256,) and [index for index, _ in packed.extras] == [100]
+    assert unpack_steps(decode(encode(("steps", packed)))[1]) == steps
+    assert unpack_steps(pack_steps([])) == []
 
 
 # -- point 3: threads for the free cores ----------------------------------------------------------------------------
@@ -223,6 +240,30 @@ def test_a_killed_worker_fails_await_and_enqueue_and_reports_why():
     finally:
         executor.shutdown()
         executor.shutdown()  # idempotent
+
+
+def test_a_stopped_worker_is_reported_hung_after_the_heartbeat_timeout_and_not_before():
+    executor = new_process_executor(engine_heartbeat_timeout_s="2")
+    pid = executor.engine.process.pid
+    try:
+        time.sleep(3)  # nobody looks: the worker's heartbeats wait in the socket, and the first look reads them
+        assert executor.await_steps(0.1) == [] and executor.health_error() is None
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        with pytest.raises(ExecutorError, match=r"engine worker hung: no heartbeat for 2\.\d s"):
+            while time.monotonic() - stopped_at < 10:
+                executor.await_steps(0.1)
+        assert 2 <= time.monotonic() - stopped_at < 4
+        assert "engine_heartbeat_timeout_s=2" in executor.health_error()
+        with pytest.raises(ExecutorError, match="hung"):
+            executor.enqueue(GenerationRequest(input_ids=[1, 2], max_tokens=2))
+        started = time.monotonic()
+        executor.shutdown()  # a hung worker is killed, not asked to stop
+        assert time.monotonic() - started < 5 and executor.engine.process.returncode == -signal.SIGKILL
+    finally:
+        if executor.engine.process.poll() is None:
+            os.kill(pid, signal.SIGCONT)
+        executor.shutdown()
 
 
 def test_after_shutdown_await_is_quiet_and_enqueue_fails():

@@ -12,7 +12,7 @@ from tiny_checkpoint import write_tiny_checkpoint  # noqa: E402
 
 from trtllm_model.embedded.model_loading import load_tokenizer  # noqa: E402
 from trtllm_model.executor_interface import GenerationRequest  # noqa: E402
-from trtllm_model.executors.engine_process import EngineSpec  # noqa: E402
+from trtllm_model.executors.engine_wire import EngineSpec  # noqa: E402
 from trtllm_model.executors.transformers_executor import TransformersExecutor  # noqa: E402
 
 

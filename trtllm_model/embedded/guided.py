@@ -11,20 +11,28 @@ xgrammar is imported only when the first guide is compiled, so an engine that ne
 Guides come from untrusted clients. `check_guide` refuses, before any compilation, a guide over `max_guide_bytes`
 and the counts that make xgrammar slow (measured in docs/security.md): a count above MAX_GUIDE_COUNT, or nested
 quantifiers whose counts multiply past MAX_GUIDE_NESTED_COUNT (a JSON-schema `pattern` of `([a-z]{1,30}){1,30}`
-took 102 s to compile). Compilation runs on a small pool and a caller waits at most `timeout_s` for it.
+took 102 s to compile). Compilation runs on a small pool and a caller waits at most `timeout_s` for it; a guide
+whose compilation took longer is kept as refused, so sending it again is refused at once (not served from the cache).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
+import logging
 import re
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 # Compiled grammars kept, least recently used dropped first (a JSON schema's grammar is tens of kB).
@@ -46,52 +54,84 @@ class GuideError(ValueError):
 
 
 class GuideCompiler:
-    """Compiles guides against one tokenizer's vocabulary (logits width `vocab_size`); thread-safe."""
+    """Compiles guides against one tokenizer's vocabulary (logits width `vocab_size`); thread-safe.
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int] | None = None) -> None:
+    Each guide is compiled once, on a small pool, and its outcome kept (by type and guide): the compiled grammar,
+    or the refusal when it does not compile or its compilation took over `timeout_s` (then sending it again is
+    refused at once, not compiled again nor served)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int] | None = None,
+                 timeout_s: float = DEFAULT_GUIDE_COMPILE_TIMEOUT_S) -> None:
         import xgrammar
 
         self._xgr = xgrammar
+        self.timeout_s = timeout_s
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()  # CompiledGrammar or GuideError
         self._compiling: dict[tuple[str, str], Future] = {}  # one compilation per guide, however many ask for it
         self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="guide-compile")
         self._lock = threading.Lock()
+        self._deadlines = _Deadlines()
 
-    def compile_within(self, guide_type: str, guide: str | None, timeout_s: float) -> Any:
-        """The CompiledGrammar of this guide, compiled on the pool; GuideError if it fails or takes over `timeout_s`
-        (the caller stops waiting; the compilation ends on its own and is cached then)."""
-        key = (guide_type, guide or "")
-        with self._lock:
-            future = self._compiling.get(key)
-            if future is None:
-                future = self._compiling[key] = self._pool.submit(self.compile, guide_type, guide)
-                future.add_done_callback(lambda _: self._forget(key))
+    def compile_within(self, guide_type: str, guide: str | None) -> Any:
+        """The CompiledGrammar of this guide; GuideError if it does not compile or takes over `timeout_s` (the
+        caller stops waiting then; the compilation ends on its own, and its outcome is kept)."""
         try:
-            return future.result(timeout_s)
+            return self._start(guide_type, guide).result(self.timeout_s)
         except FutureTimeout:
-            raise GuideError(f"compiling it took over guide_compile_timeout_s={timeout_s:g} s; simplify the guide "
-                             "(fewer or smaller counted repetitions, a smaller schema)") from None
+            raise self._too_slow() from None
 
-    def _forget(self, key: tuple[str, str]) -> None:
-        with self._lock:
-            self._compiling.pop(key, None)
+    def when_compiled(self, guide_type: str, guide: str | None, callback: Callable[[Any], None]) -> None:
+        """Call `callback` once with the CompiledGrammar or a GuideError, as `compile_within` would return or raise,
+        without waiting: at once when the outcome is kept, else from the pool's or the deadline thread."""
+        future = self._start(guide_type, guide)
+        once = _Once(callback)
+        if not future.done():
+            self._deadlines.add(self.timeout_s, lambda: once(self._too_slow()))
+        future.add_done_callback(lambda done: once(_outcome(done)))
 
     def compile(self, guide_type: str, guide: str | None) -> Any:
-        """The CompiledGrammar of this guide, from the cache when it was compiled before; GuideError if it fails."""
+        """The CompiledGrammar of this guide, waiting as long as it takes (kept: at once); GuideError if it fails."""
+        return self._start(guide_type, guide).result()
+
+    def _start(self, guide_type: str, guide: str | None) -> Future:
         key = (guide_type, guide or "")
         with self._lock:
-            compiled = self._cache.get(key)
-            if compiled is not None:
+            kept = self._cache.get(key)
+            if kept is not None:
                 self._cache.move_to_end(key)
-                return compiled
-        compiled = self._compile(guide_type, guide or "")  # outside the lock: a big schema takes a while
+                future: Future = Future()
+                if isinstance(kept, GuideError):
+                    future.set_exception(GuideError(str(kept)))
+                else:
+                    future.set_result(kept)
+                return future
+            future = self._compiling.get(key)
+            if future is None:
+                future = self._compiling[key] = self._pool.submit(self._compile_and_keep, key)
+            return future
+
+    def _compile_and_keep(self, key: tuple[str, str]) -> Any:
+        started = time.monotonic()
+        try:
+            outcome = self._compile(*key)
+            if time.monotonic() - started > self.timeout_s:
+                outcome = self._too_slow()  # never kept as good: a resend must not skip the bound
+        except GuideError as exc:
+            outcome = exc
         with self._lock:
-            self._cache[key] = compiled
+            self._cache[key] = outcome
             while len(self._cache) > MAX_CACHED_GRAMMARS:
                 self._cache.popitem(last=False)
-        return compiled
+            self._compiling.pop(key, None)
+        if isinstance(outcome, GuideError):
+            raise GuideError(str(outcome))
+        return outcome
+
+    def _too_slow(self) -> GuideError:
+        return GuideError(f"compiling it took over guide_compile_timeout_s={self.timeout_s:g} s; simplify the guide "
+                          "(fewer or smaller counted repetitions, a smaller schema)")
 
     def matcher(self, compiled: Any, end_id: int | None) -> Any:
         """A fresh matcher for one sequence; it ends on the request's end id when it has one."""
@@ -124,6 +164,61 @@ class GuideCompiler:
             ]
             return self._compiler.compile_structural_tag(items, tag["triggers"])
         return self._compiler.compile_structural_tag(guide)  # xgrammar's own form ({"type": "structural_tag", ...})
+
+
+def refusal_message(guide_type: str, error: GuideError) -> str:
+    """What a request whose guide did not compile (or not in time) is told, naming the input."""
+    return f"guided_decoding_guide: the {guide_type} guide does not compile: {error}"
+
+
+class _Once:
+    """A callback that runs only on its first call."""
+
+    def __init__(self, callback: Callable[[Any], None]) -> None:
+        self._callback = callback
+        self._lock = threading.Lock()
+        self._called = False
+
+    def __call__(self, value: Any) -> None:
+        with self._lock:
+            if self._called:
+                return
+            self._called = True
+        self._callback(value)
+
+
+def _outcome(future: Future) -> Any:
+    error = future.exception()
+    return error if error is not None else future.result()
+
+
+class _Deadlines:
+    """One thread that runs each added function once its delay has passed (started with the first)."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, delay_s: float, action: Callable[[], None]) -> None:
+        with self._wake:
+            heapq.heappush(self._due, (time.monotonic() + delay_s, next(self._order), action))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="guide-deadlines", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._wake.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _, _, action = heapq.heappop(self._due)
+            try:
+                action()
+            except Exception:
+                log.exception("a guide deadline's action failed")
 
 
 def check_guide(guide_type: str, guide: str | None, max_bytes: int) -> None:

@@ -11,9 +11,12 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   dtype            float32 (default on CPU), bfloat16 (default on CUDA) or float16
   torch_threads    torch intra-op threads; unset on CPU: one per core of this process's affinity that other
                    processes do not keep busy, measured every second (embedded/cpu_share.py), at least one
-  engine_process   true: the engine runs in a worker process of its own (executors/engine_process.py), the stub
+  engine_process   true: the engine runs in a worker process of its own (executors/engine_client.py), the stub
                    keeps request checks, tokenizer and sends; false: on a thread of the stub. Default: true on
                    CUDA, false on CPU (measured in docs/performance.md)
+  engine_heartbeat_timeout_s  with engine_process: the worker is declared hung (every open stream UNAVAILABLE, the
+                   model not ready) when it sends nothing, or with requests in the engine makes no engine iteration,
+                   for this long (default 30, at least 2; it sends a heartbeat every second)
   cuda_graphs      true (default): on CUDA, every bucketed decode step (rows and block-table width padded to powers of
                    two) is captured as a CUDA graph at load and replayed; prompts that fit beside the decoding rows
                    are prefilled as rows of the same graph. false: eager forwards. Ignored on CPU
@@ -28,7 +31,9 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    request computed are reused, not prefilled again; cached blocks nobody holds are evicted least
                    recently used when the pool runs out of blank ones
   max_guide_bytes  the largest guided_decoding_guide a request may send (default 65536); longer: INVALID_ARG
-  guide_compile_timeout_s  how long a request waits for its guide to compile (default 10); longer: INVALID_ARG
+  guide_compile_timeout_s  how long a request waits for its guide to compile (default 10); longer: INVALID_ARG,
+                   and the guide stays refused. With engine_process the worker compiles guides (once, off its
+                   command loop); the stub only checks their limits
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
 
@@ -52,6 +57,7 @@ from ..embedded.guided import (
     GuideCompiler,
     GuideError,
     check_guide,
+    refusal_message,
 )
 from ..embedded.kv_budget import (
     DEFAULT_BLOCK_SIZE,
@@ -74,13 +80,15 @@ from ..executor_interface import (
 )
 from ..params import ConfigError, Params
 from ..request_checks import check_request
-from .engine_process import EngineProcess, EngineSpec
+from .engine_client import DEFAULT_HEARTBEAT_TIMEOUT_S, EngineProcess
+from .engine_wire import EngineSpec
 
 log = logging.getLogger(__name__)
 
 PARAMETERS = frozenset(
     {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes",
-     "engine_process", "enable_kv_cache_reuse", "cuda_graphs", "max_guide_bytes", "guide_compile_timeout_s"}
+     "engine_process", "enable_kv_cache_reuse", "cuda_graphs", "max_guide_bytes", "guide_compile_timeout_s",
+     "engine_heartbeat_timeout_s"}
 )
 
 DEFAULT_MAX_BATCH_SIZE = 64
@@ -125,10 +133,11 @@ class TransformersExecutor(Executor):
         max_input_len: int | None = None,
         max_output_len: int | None = None,
         max_queue_size: int | None = None,
+        heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
     ) -> TransformersExecutor:
-        """The engine in a worker process (engine_process.py) that loads the model as `spec` says; the tokenizer
-        and the request checks stay here."""
-        worker = EngineProcess(spec)
+        """The engine in a worker process (engine_client.py) that loads the model as `spec` says and compiles
+        guides; the tokenizer and the request checks stay here."""
+        worker = EngineProcess(spec, heartbeat_timeout_s=heartbeat_timeout_s)
         try:
             info = worker.info
             # After the worker is ready: it has made the dequantised SmolLM2 copy the tokenizer is read from.
@@ -172,8 +181,8 @@ class TransformersExecutor(Executor):
         request_id = next(self._ids)
         try:
             if isinstance(self.engine, EngineProcess):
-                if request.guided_decoding_type is not None:
-                    self._guide_matcher(request, None)  # refused here if it does not compile; the worker has its own
+                if request.guided_decoding_type is not None:  # the worker compiles it (refusing it in a step)
+                    self._check_guide(request)
                 self.engine.submit(request_id, request)
                 return request_id
             sequence = Sequence.from_request(request_id, request, self.vocab_size, self.default_end_id)
@@ -214,19 +223,20 @@ class TransformersExecutor(Executor):
                 if self._tokenizer is None:
                     raise RequestRejected("guided_decoding_guide_type: needs the model's tokenizer", unsupported=True)
                 stop = [self.default_end_id] if self.default_end_id is not None else None
-                self._guides = GuideCompiler(self._tokenizer, self.vocab_size, stop)
+                self._guides = GuideCompiler(self._tokenizer, self.vocab_size, stop, self.guide_compile_timeout_s)
+        self._check_guide(request)
+        try:
+            compiled = self._guides.compile_within(request.guided_decoding_type, request.guided_decoding_guide)
+        except GuideError as exc:
+            raise RequestRejected(refusal_message(request.guided_decoding_type, exc)) from None
+        return self._guides.matcher(compiled, end_id)
+
+    def _check_guide(self, request: GenerationRequest) -> None:
+        """RequestRejected naming the limit when the guide is over max_guide_bytes or its counts (no compilation)."""
         try:
             check_guide(request.guided_decoding_type, request.guided_decoding_guide, self.max_guide_bytes)
         except GuideError as exc:
             raise RequestRejected(f"guided_decoding_guide: the {request.guided_decoding_type} guide: {exc}") from None
-        try:
-            compiled = self._guides.compile_within(request.guided_decoding_type, request.guided_decoding_guide,
-                                                   self.guide_compile_timeout_s)
-        except GuideError as exc:
-            raise RequestRejected(
-                f"guided_decoding_guide: the {request.guided_decoding_type} guide does not compile: {exc}"
-            ) from None
-        return self._guides.matcher(compiled, end_id)
 
     # -- request checks --------------------------------------------------------------------------------------------
     def _check(self, request: GenerationRequest) -> None:
@@ -304,7 +314,7 @@ def create(params: Params) -> Executor:
             max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, kv_cache_memory_bytes=kv_cache_memory_bytes,
             kv_cache_free_gpu_mem_fraction=fraction, stats_max_iterations=stats_max_iterations,
             enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
-            cuda_graphs=params.bool("cuda_graphs", True),
+            cuda_graphs=params.bool("cuda_graphs", True), guide_compile_timeout_s=guide_limits[1],
         )
         executor = TransformersExecutor.in_worker_process(
             spec,
@@ -312,6 +322,7 @@ def create(params: Params) -> Executor:
             max_input_len=params.int("max_input_len", None, minimum=1),
             max_output_len=params.int("max_output_len", None, minimum=1),
             max_queue_size=params.int("max_queue_size", None, minimum=1),
+            heartbeat_timeout_s=params.float("engine_heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S, minimum=2.0),
         )
         log.info("transformers executor: %s on %s (%s) in engine worker %d", executor.engine.info.source, device,
                  dtype, executor.engine.info.pid)
