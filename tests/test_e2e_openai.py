@@ -375,9 +375,9 @@ def test_clients_that_leave_before_their_first_token_leave_the_queue(served):
 
 
 @contextlib.contextmanager
-def frontend_alone(*args: str, admin_key: str = ""):
+def frontend_alone(*args: str, admin_key: str = "", output: list[str] | None = None):
     """`trtllm-triton openai ARGS` on a free port, once it answers; yields its base URL (http://...:PORT).
-    `admin_key`: the server's, for the repository index it lists the models with."""
+    `admin_key`: the server's, for the repository index it lists the models with; `output` gets what it printed."""
     (port,) = free_ports(1)
     process = subprocess.Popen([sys.executable, "-m", "trtllm_model.cli", "openai", f"--port={port}", *args],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -396,6 +396,8 @@ def frontend_alone(*args: str, admin_key: str = ""):
     finally:
         process.terminate()
         assert process.wait(30) == -signal.SIGTERM  # uvicorn shuts down, then lets SIGTERM end the process
+        if output is not None:
+            output.append(process.stdout.read().decode())
 
 
 def test_one_frontend_for_several_tritons_skips_one_it_cannot_reach(served):
@@ -407,6 +409,16 @@ def test_one_frontend_for_several_tritons_skips_one_it_cannot_reach(served):
         for _ in range(4):  # the requests take the two URLs in turn
             reply = client.completions.create(model="tensorrt_llm", prompt="abc", max_tokens=3)
             assert reply.choices[0].text == "def"
+
+
+def test_no_access_log_turns_the_request_log_off(served):
+    server = served[0]
+    printed: list[str] = []
+    with frontend_alone(f"--triton-url={server.grpc_url}", "--executor=synthetic", "--no-access-log",
+                        admin_key=server.admin_key, output=printed) as base:
+        client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        assert client.completions.create(model="tensorrt_llm", prompt="abc", max_tokens=3).choices[0].text == "def"
+    assert "ready" in printed[0] and "openai-access" not in printed[0]
 
 
 def test_frontend_alone_without_a_triton_answers_503():

@@ -43,7 +43,8 @@ SIGNAL_SETTLE_S = 0.2
 EXIT_KILL_MARGIN_S = 5.0
 
 
-def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | None = None) -> int:
+def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | None = None,
+          openai_access_log: bool = True) -> int:
     """Run tritonserver until it exits; with `openai_port`, the OpenAI frontend next to it (stopped with it)."""
     connect_host = "127.0.0.1" if options.host == "0.0.0.0" else options.host
     busy = ports_in_use(options.host, [options.http_port, options.grpc_port, options.metrics_port])
@@ -118,7 +119,7 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         print("trtllm-triton: tritonserver exited before it was ready (see its log above)", file=sys.stderr)
     frontend = None
     if openai_port is not None and process.poll() is None and not stopping.is_set():
-        frontend = start_openai_frontend(options, connect_host, openai_port)
+        frontend = start_openai_frontend(options, connect_host, openai_port, openai_access_log)
     try:
         code = process.wait()
         return 1 if killed.is_set() else code
@@ -144,7 +145,8 @@ def _stop_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def start_openai_frontend(options: ServerOptions, connect_host: str, port: int) -> subprocess.Popen:
+def start_openai_frontend(options: ServerOptions, connect_host: str, port: int,
+                          access_log: bool = True) -> subprocess.Popen:
     """`trtllm-triton openai` against this server's gRPC port, bound to the server's --host."""
     command = [sys.executable, "-m", "trtllm_model.cli", "openai", f"--triton-url={connect_host}:{options.grpc_port}",
                f"--host={options.host}", f"--port={port}"]
@@ -152,6 +154,8 @@ def start_openai_frontend(options: ServerOptions, connect_host: str, port: int) 
         command.append(f"--executor={options.executor}")  # the frontend loads the tokenizer of the executor in use
     # An LLM API model's tokenizer is named in its model.yaml, which the frontend reads from the repository.
     command.append(f"--model-repository={options.model_repository}")
+    if not access_log:
+        command.append("--no-access-log")
     # The frontend lists the models through the restricted repository index: it gets the key, in its environment
     # (not on its command line, which any local user can read).
     return subprocess.Popen(command, env={**os.environ, ADMIN_KEY_ENV: options.admin_key})
@@ -264,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     run.add_argument("--openai-port", type=int, default=9000, help="port of the OpenAI-compatible API (on --host)")
     run.add_argument("--no-openai", action="store_true", help="serve without the OpenAI-compatible API")
+    run.add_argument("--no-openai-access-log", action="store_true",
+                     help="no log line per OpenAI API request (method, path, status, tokens, seconds)")
     run.add_argument("server_args", nargs="*", help="extra tritonserver flags, after --")
     commands.add_parser("configure", help="write a model repository from flags", add_help=False)
     openai = commands.add_parser("openai", help="serve the OpenAI-compatible API in front of a running tritonserver")
@@ -323,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         extra_args=args.server_args,
         admin_key=key,
     )
-    return serve(options, args.ready_timeout, None if args.no_openai else args.openai_port)
+    return serve(options, args.ready_timeout, None if args.no_openai else args.openai_port,
+                 not args.no_openai_access_log)
 
 
 if __name__ == "__main__":
