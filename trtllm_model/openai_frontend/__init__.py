@@ -12,4 +12,6 @@ translates. The flow of one request:
 
 The frontend sends token ids and reads token ids, so the chat template of a whole conversation, the usage counts
 and the stop strings are all the tokenizer's, exactly; the model needs no new input for multi-turn chat.
+NVIDIA's LLM API model (model_repository_llmapi: text_input, sampling_param_*) is served too: it gets the rendered
+prompt as text and answers text (the text so far, when it streams); its tokenizer, named in its model.yaml, counts.
 """
