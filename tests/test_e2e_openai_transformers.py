@@ -4,6 +4,8 @@ the tokenizer, multi-turn chat through the model's chat template, stop strings a
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import openai
 import pytest
@@ -145,3 +147,22 @@ def test_a_repeated_prompt_reports_its_cached_prefix_tokens(client):
     cached = again.usage.prompt_tokens_details.cached_tokens
     assert first.usage.prompt_tokens_details.cached_tokens < cached
     assert cached % 16 == 0 and prompt_tokens - 16 <= cached < prompt_tokens, (cached, prompt_tokens)
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False}}}
+
+
+def test_parallel_tool_calls_true_with_a_required_call_returns_each_call(client):
+    """parallel_tool_calls=true with tool_choice required: the model is held to a list of one or more calls (a JSON
+    schema of type array, which the embedded engine's grammar compiles), and each comes back as a tool_calls entry
+    whose arguments are the function's. (The guide's shape: test_openai_frontend.py.)"""
+    asked = [{"role": "user", "content": "What is the weather in Paris and in Oslo?"}]
+    answer = client.chat.completions.create(model="tensorrt_llm", messages=asked, max_tokens=120, tools=[WEATHER_TOOL],
+                                            tool_choice="required", parallel_tool_calls=True, **GREEDY)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    assert choice.message.tool_calls and all(c.function.name == "get_weather" for c in choice.message.tool_calls)
+    assert all(set(json.loads(c.function.arguments)) == {"city"} for c in choice.message.tool_calls)
