@@ -253,7 +253,7 @@ def test_a_stopped_worker_is_reported_hung_after_the_heartbeat_timeout_and_not_b
         with pytest.raises(ExecutorError, match=r"engine worker hung: no heartbeat for 2\.\d s"):
             while time.monotonic() - stopped_at < 10:
                 executor.await_steps(0.1)
-        assert 2 <= time.monotonic() - stopped_at < 4
+        assert 1 <= time.monotonic() - stopped_at < 4  # 2 s after the last heartbeat, which came up to 1 s before
         assert "engine_heartbeat_timeout_s=2" in executor.health_error()
         with pytest.raises(ExecutorError, match="hung"):
             executor.enqueue(GenerationRequest(input_ids=[1, 2], max_tokens=2))
