@@ -1,7 +1,7 @@
 """What one engine step batch costs across the worker-process boundary (executors/engine_wire.py): encode on the
 worker's side plus decode back into Step objects on the stub's, for N requests each gaining one token, in the
 columnar form against the former one (a pickle of every Step as the tuple of its fields). Prints the median
-microseconds of each, the bytes on the wire and the ratio, all measured in this run.
+microseconds of each side, the bytes on the wire and the ratios, all measured in this run.
 
 Run: `.venv/bin/python bench/engine_wire.py` (a few seconds); `--requests 1024 --log-probs` for other shapes.
 """
@@ -34,27 +34,41 @@ class _StepTuplePickler(pickle.Pickler):
         return NotImplemented
 
 
-def old_round_trip(steps: list[Step]) -> tuple[list[Step], int]:
+def old_encode(steps: list[Step]) -> bytes:
     out = io.BytesIO()
     _StepTuplePickler(out, protocol=5).dump(("steps", steps, [], 0, 0))
-    data = out.getvalue()
-    return pickle.loads(data)[1], len(data)
+    return out.getvalue()
 
 
-def new_round_trip(steps: list[Step]) -> tuple[list[Step], int]:
-    frames = encode(("steps", pack_steps(steps), [], Progress(1, True, 0, 0)))
-    size = sum(len(frame) for frame in frames)
-    frames = [bytes(frame) for frame in frames]  # as zmq hands them over
-    return unpack_steps(decode(frames)[1]), size
+def old_decode(data: bytes) -> list[Step]:
+    return pickle.loads(data)[1]
 
 
-def median_us(round_trip, steps: list[Step], repeats: int) -> tuple[float, int]:
-    times, size = [], 0
+def new_encode(steps: list[Step]) -> list[bytes]:
+    return [bytes(frame) for frame in encode(("steps", pack_steps(steps), [], Progress(1, True, 0, 0)))]
+
+
+def new_decode(frames: list[bytes]) -> list[Step]:
+    return unpack_steps(decode(frames)[1])
+
+
+def timed(function, argument) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = function(argument)
+    return time.perf_counter() - started, result
+
+
+def medians_us(steps: list[Step], repeats: int) -> dict[str, float]:
+    """Median microseconds of each side of each format, timed in turn (a noisy host slows all of them alike)."""
+    times: dict[str, list[float]] = {"old encode": [], "old decode": [], "new encode": [], "new decode": []}
     for _ in range(repeats):
-        started = time.perf_counter()
-        _, size = round_trip(steps)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e6, size
+        seconds, data = timed(old_encode, steps)
+        times["old encode"].append(seconds)
+        times["old decode"].append(timed(old_decode, data)[0])
+        seconds, frames = timed(new_encode, steps)
+        times["new encode"].append(seconds)
+        times["new decode"].append(timed(new_decode, frames)[0])
+    return {name: statistics.median(values) * 1e6 for name, values in times.items()}
 
 
 def main() -> None:
@@ -65,15 +79,20 @@ def main() -> None:
     args = parser.parse_args()
     steps = [Step(1000 + i, [(i * 7919) % 49152], log_probs=[-0.25] if args.log_probs else None,
                   cum_log_prob=-0.25 * i if args.log_probs else None) for i in range(args.requests)]
-    assert old_round_trip(steps)[0] == steps and new_round_trip(steps)[0] == steps
-    old_us, old_bytes = median_us(old_round_trip, steps, args.repeats)
-    new_us, new_bytes = median_us(new_round_trip, steps, args.repeats)
+    old_data, new_frames = old_encode(steps), new_encode(steps)
+    assert old_decode(old_data) == steps and new_decode(new_frames) == steps
+    us = medians_us(steps, args.repeats)
+    old_us, new_us = us["old encode"] + us["old decode"], us["new encode"] + us["new decode"]
+    new_bytes = sum(len(frame) for frame in new_frames)
     print(f"{args.requests} requests, one token each{', with log probs' if args.log_probs else ''}; "
-          f"median of {args.repeats} encode+decode round trips")
-    print(f"  pickled Steps : {old_us:8.1f} us  {old_bytes:7d} bytes")
-    print(f"  columnar      : {new_us:8.1f} us  {new_bytes:7d} bytes")
-    print(f"  old / new     : {old_us / new_us:8.2f} x time  {old_bytes / new_bytes:5.2f} x bytes")
-
+          f"medians of {args.repeats}, in turn; encode = the worker's side, decode to Steps = the stub's")
+    print(f"  pickled Steps : encode {us['old encode']:7.1f} us  decode {us['old decode']:7.1f} us  "
+          f"total {old_us:7.1f} us  {len(old_data):6d} bytes")
+    print(f"  columnar      : encode {us['new encode']:7.1f} us  decode {us['new decode']:7.1f} us  "
+          f"total {new_us:7.1f} us  {new_bytes:6d} bytes")
+    print(f"  old / new     : encode {us['old encode'] / us['new encode']:5.2f} x  decode "
+          f"{us['old decode'] / us['new decode']:5.2f} x  total {old_us / new_us:5.2f} x  "
+          f"bytes {len(old_data) / new_bytes:5.2f} x")
 
 if __name__ == "__main__":
     main()

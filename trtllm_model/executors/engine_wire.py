@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import itertools
+import math
 import pickle
 from dataclasses import dataclass
 
@@ -152,18 +153,17 @@ def unpack_steps(packed: PackedSteps) -> list[Step]:
     starts = packed.offsets.tolist()
     ends = starts[1:]
     reasons = _REASONS
-    steps = [Step(request_id, tokens[start:end], final, reasons[reason])
-             for request_id, start, end, final, reason in zip(
-                 packed.request_ids.tolist(), starts, ends, packed.is_final.tolist(), packed.finish_reasons.tolist())]
-    if packed.cum_log_probs is not None:
-        for step, value in zip(steps, packed.cum_log_probs.tolist(), strict=True):
-            if value == value:  # not NaN
-                step.cum_log_prob = value
-    if packed.log_probs is not None:
-        values = packed.log_probs.tolist()
-        for step, start, end in zip(steps, starts, ends):
-            if end > start and values[start] == values[start]:  # not NaN: this step has them
-                step.log_probs = values[start:end]
+    columns = (packed.request_ids.tolist(), starts, ends, packed.is_final.tolist(), packed.finish_reasons.tolist())
+    if packed.log_probs is None and packed.cum_log_probs is None:
+        steps = [Step(request_id, tokens[start:end], final, reasons[reason])
+                 for request_id, start, end, final, reason in zip(*columns)]
+    else:  # NaN (not equal to itself) marks a step without them
+        values = packed.log_probs.tolist() if packed.log_probs is not None else [math.nan] * len(tokens)
+        cum = packed.cum_log_probs.tolist() if packed.cum_log_probs is not None else [math.nan] * len(starts)
+        steps = [Step(request_id, tokens[start:end], final, reasons[reason],
+                      values[start:end] if end > start and values[start] == values[start] else None,
+                      total if total == total else None)
+                 for request_id, start, end, final, reason, total in zip(*columns, cum)]
     for index, extra in packed.extras:
         for name, value in extra.items():
             setattr(steps[index], name, value)
