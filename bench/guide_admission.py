@@ -1,6 +1,7 @@
 """What a slow guide costs the requests behind it with the engine in its worker process (engine_process=true): a
 guided request whose JSON schema compiles slowly is enqueued, then (once its enqueue has returned) an unguided
-one; prints the unguided request's time to its final step and the guided one's time to its first step (or refusal).
+one; prints the unguided request's time to its final step (and that of the same request alone, before) and the
+guided one's time to its first step (or refusal).
 
 Run: `.venv/bin/python bench/guide_admission.py` (about a minute; `--max-length` sets the schema's string bound,
 the larger the slower it compiles; `--timeout-s` is guide_compile_timeout_s).
@@ -33,6 +34,11 @@ def main() -> None:
                                                   guided_decoding_guide="[0-9]+"))
         while not any(step.is_final and step.request_id == warm for step in executor.await_steps(1.0)):
             pass
+        alone = time.monotonic()
+        request_id = executor.enqueue(GenerationRequest([1, 504, 3577], 2))
+        while not any(step.is_final and step.request_id == request_id for step in executor.await_steps(1.0)):
+            pass
+        alone = time.monotonic() - alone
         schema = json.dumps({"type": "object", "properties": {"note": {"type": "string", "maxLength": args.max_length}},
                              "required": ["note"]})
         started = time.monotonic()
@@ -56,7 +62,8 @@ def main() -> None:
         executor.shutdown()
     print(f"guided enqueue returned after {handed_on - started:.2f} s; its first step (or refusal) after "
           f"{seen[guided] - started:.2f} s{' (refused: ' + refused + ')' if refused else ''}")
-    print(f"unguided request enqueued after it: final after {(seen[unguided] - handed_on) * 1000:.0f} ms")
+    print(f"unguided request enqueued after it: final after {(seen[unguided] - handed_on) * 1000:.0f} ms "
+          f"(the same request alone before: {alone * 1000:.0f} ms)")
 
 
 if __name__ == "__main__":
