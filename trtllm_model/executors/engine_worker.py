@@ -1,11 +1,12 @@
 """The engine worker process: loads the model as the stub's EngineSpec says, runs the `Engine`, and serves the stub's
 commands (engine_wire.py has the messages; engine_client.py is the stub's side).
 
-Three threads: the command loop (submits, cancels, stop; never waits on anything slow), the publisher (the engine's
-steps and stats to the stub, and a heartbeat every HEARTBEAT_S when there are none) and the guide compiler's pool:
-a guided request waits there, off the command loop, at most guide_compile_timeout_s for its guide (compiled once,
-here only; the stub checks the guide's limits but does not compile it), then joins the engine or ends with an
-INVALID_ARG error step. xgrammar releases the GIL while it compiles, so the other threads run meanwhile.
+Beside the engine's own thread: the command loop (submits, cancels, stop; never waits on anything slow), the
+publisher (the engine's steps and stats to the stub, and a heartbeat every HEARTBEAT_S when there are none, with the
+engine's iteration counter), and the guide compiler's pool and deadline thread: a guided request waits there, off
+the command loop, at most guide_compile_timeout_s for its guide (compiled once, here only; the stub checks the
+guide's limits but does not compile it), then joins the engine or ends with an INVALID_ARG error step. xgrammar
+releases the GIL while it compiles, so the other threads run meanwhile (they still share the CPU with it).
 """
 
 from __future__ import annotations
