@@ -144,7 +144,8 @@ def test_engine_banner_lists_only_the_loaded_model(engine_server):
     # The repository holds tensorrt_llm alone (as `configure --no-ensemble` writes it).
     log = engine_server.log()
     assert "trtllm-triton: ready. models: tensorrt_llm\n" in log
-    assert "POST /v2/models/tensorrt_llm/generate_stream" in log and "ensemble" not in log
+    banner = log[log.index("trtllm-triton: ready."):]
+    assert "POST /v2/models/tensorrt_llm/generate_stream" in banner and "ensemble" not in banner
 
 
 def test_config_limit_over_the_engine_fails_the_load_naming_both(tmp_path):
