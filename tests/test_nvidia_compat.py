@@ -375,6 +375,35 @@ def test_a_batch_of_prompts_in_one_request_answers_each_with_its_batch_index(syn
     assert tokens == {0: [6, 7, 8, 9], 1: [51, 52]}
 
 
+def test_a_batch_of_many_rows_leaves_slots_for_other_clients(synthetic_server):
+    # 64 rows of 100 tokens (1 s at 10 ms steps) against the model's 32 batch slots: the rows of batched requests
+    # take at most half of them (max_batched_rows_in_flight), 4 rounds of 16 rows, so a one-row request sent beside
+    # them is answered at once, not after the batch (issue 31 item 5: a client opening and cancelling 64-row ensemble requests held everyone).
+    rows = 64
+    client = StreamClient(synthetic_server.grpc_url)
+    try:
+        batch = client.send("tensorrt_llm", [as_input("input_ids", np.arange(1, rows + 1, dtype=np.int32)[:, None]),
+                                             as_input("request_output_len", np.full((rows, 1), 100, np.int32)),
+                                             as_input("streaming", np.full((rows, 1), True))], "batch")
+        deadline = time.monotonic() + 10
+        while not batch.responses and time.monotonic() < deadline:
+            time.sleep(0.01)
+        started = time.monotonic()
+        single = stream_once(synthetic_server.grpc_url, "tensorrt_llm", token_inputs([7], 4))
+        took = time.monotonic() - started
+        assert single.errors == [] and single.tokens() == [8, 9, 10, 11]
+        assert not batch.done.is_set() and took < 1.5, took
+        batch.wait(60)
+        assert batch.errors == [] and batch.finals == 1
+        counts: dict[int, int] = {}
+        for response in batch.responses:
+            index = int(response.as_numpy("batch_index")[0][0])
+            counts[index] = counts.get(index, 0) + response.as_numpy("output_ids").size
+        assert counts == {i: 100 for i in range(rows)}
+    finally:
+        client.close()
+
+
 def test_the_non_decoupled_model_refuses_a_batch_as_unsupported(unary_server):
     client = grpcclient.InferenceServerClient(unary_server.grpc_url)
     inputs = [as_input("input_ids", np.array([[5], [50]], np.int32)),

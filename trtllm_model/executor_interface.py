@@ -232,6 +232,11 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Stop the engine and release its resources; idempotent."""
 
+    @property
+    def batch_slots(self) -> int | None:
+        """Rows the engine runs at once (its max batch size); None where it does not say."""
+        return self.build_limits.max_batch_size
+
     def iteration_stats(self) -> list[IterationStats]:
         """Stats of the iterations since the previous call (empty if the engine keeps none)."""
         return []

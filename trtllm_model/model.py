@@ -31,6 +31,7 @@ from .model_yaml import LlmApiConfig, embedded_parameters, model_yaml_path, read
 from .params import Params, parameters_from_model_config
 from .poller import Poller
 from .request_context import BatchStream, ErrorCode, RequestContext
+from .row_admission import default_limit as default_batched_rows_limit
 from .server import EXECUTOR_OVERRIDE_ENV
 from .triton_io import TritonMetricBackend, TritonStream, request_parameters_json, request_tensors, unload_check
 
@@ -107,6 +108,8 @@ class TritonPythonModel:
             sender_threads=params.int("sender_threads", 4, minimum=1),  # 4 beat 2 by ~40% responses/s (bench/serving.py)
             cancel_check_s=cancel_check_ms / 1000.0,
             max_open_requests=_max_open_requests(model_config, params),
+            max_batched_rows=params.int("max_batched_rows_in_flight", minimum=1)
+            or default_batched_rows_limit(self.executor.batch_slots),
             on_failure=self._report_not_ready,
             on_finished=self.metrics.record_finished,
             unloading=unload_check(self.model_name),
@@ -127,12 +130,13 @@ class TritonPythonModel:
                 stream.send_error(ErrorCode.INVALID_ARG, f"malformed request: {exc}")
                 continue
             streams = [stream] if len(parsed) == 1 else BatchStream(stream, len(parsed)).members
-            for one, member in zip(parsed, streams, strict=True):
-                try:
-                    self.poller.submit(RequestContext(one, member, triton_request_id=request.request_id()))
-                except Exception as exc:  # the poller answers its own refusals; this is a bug, kept to one request
-                    log.exception("submit failed")
-                    member.send_error(ErrorCode.INTERNAL, f"submit failed: {exc}")
+            rows = [RequestContext(one, member, triton_request_id=request.request_id())
+                    for one, member in zip(parsed, streams, strict=True)]
+            try:
+                self.poller.submit_rows(rows)
+            except Exception as exc:  # the poller answers its own refusals; this is a bug, kept to one request
+                log.exception("submit failed")
+                stream.send_error(ErrorCode.INTERNAL, f"submit failed: {exc}")
         return None
 
     def _parse(self, request) -> list:

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from .dispatch import Dispatcher
-from .executor_interface import Executor, ExecutorError, QueueFull, RequestRejected, Step
+from .executor_interface import Executor, ExecutorError, FinishReason, QueueFull, RequestRejected, Step
 from .request_context import ErrorCode, RequestContext, RequestState
 from .responses import ErrorReply, ResponseAssembler
+from .row_admission import BatchedRowGate
 from .watches import StreamWatch
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class Poller:
         await_timeout_s: float = 0.1,
         cancel_check_s: float = 0.1,
         max_open_requests: int | None = None,
+        max_batched_rows: int | None = None,
         on_finished: Callable[[RequestContext], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
         unloading: Callable[[], bool] | None = None,
@@ -54,6 +56,8 @@ class Poller:
         self._enqueuing = 0
         self._early: dict[int, list[Step]] = {}
         self._accepting = True
+        # Rows of batched requests wait here for a bounded share of the batch slots (row_admission.py).
+        self._rows = BatchedRowGate(max_batched_rows)
         self._admission = ThreadPoolExecutor(ADMISSION_THREADS, thread_name_prefix="guided-admission")
         self.dispatcher = Dispatcher(
             executor,
@@ -87,9 +91,30 @@ class Poller:
     @property
     def open_requests(self) -> int:
         with self._lock:
-            return len(self._open)
+            return len(self._open) + self._rows.held
 
     # -- called from execute() ---------------------------------------------------------------------------------
+    def submit_rows(self, rows: list[RequestContext]) -> None:
+        """Hand a request's rows to the executor; a batched request's rows go through the row gate, all accepted or
+        all refused."""
+        if len(rows) == 1 or self._rows.limit is None or any(ctx.parsed.stop_only for ctx in rows):
+            for ctx in rows:
+                self.submit(ctx)
+            return
+        for ctx in rows:
+            if ctx.parsed.text_mode and self.detokenizer_factory is not None:
+                ctx.detokenizer = self.detokenizer_factory()
+        with self._lock:
+            refusal = self._refusal(len(rows)) or self._batched_refusal(len(rows))
+            if refusal is None:
+                self._rows.add(rows)
+                ready = self._take_ready_rows()
+        if refusal is not None:
+            for ctx in rows:
+                self._refuse(ctx, *refusal)
+            return
+        self._start_rows(ready)
+
     def submit(self, ctx: RequestContext) -> None:
         """Hand a parsed request to the executor; any refusal is answered on its stream right away."""
         if ctx.parsed.stop_only:
@@ -117,6 +142,40 @@ class Poller:
         refusal = self._enqueue(ctx)
         if refusal is not None:
             self._refuse(ctx, *refusal)
+            if ctx.holds_row_slot:
+                with self._lock:
+                    self._rows.ended(ctx)
+                self._release_rows()
+
+    # -- rows of batched requests (row_admission.py) -----------------------------------------------------------
+    def _take_ready_rows(self) -> list[RequestContext]:
+        """Rows the gate lets through now, counted as enqueuing (caller holds `_lock`)."""
+        ready = self._rows.take_ready()
+        self._enqueuing += len(ready)
+        return ready
+
+    def _start_rows(self, rows: list[RequestContext]) -> None:
+        for ctx in rows:
+            try:  # off the caller's thread: rows are released from the dispatcher's, which must keep delivering
+                self._admission.submit(self._admit, ctx)
+            except RuntimeError:  # shut down meanwhile: refused as not accepting
+                self._admit(ctx)
+
+    def _release_rows(self) -> None:
+        """Start the rows a freed slot lets through."""
+        if not self._rows.held:
+            return
+        with self._lock:
+            ready = self._take_ready_rows()
+        self._start_rows(ready)
+
+    def _end_held_rows(self, rows: list[RequestContext], stopped: bool) -> None:
+        """End rows that never reached the executor as a cancelled request ends (their request was cancelled)."""
+        now = time.monotonic_ns()
+        for ctx in rows:
+            ctx.stopped, ctx.cancel_requested, ctx.enqueued_ns = stopped, True, now
+        self.dispatcher.post([(ctx, Step(ctx.executor_id, is_final=True, finish_reason=FinishReason.CANCELLED))
+                              for ctx in rows])
 
     def _enqueue(self, ctx: RequestContext) -> tuple[ErrorCode, str] | None:
         refusal = None
@@ -151,17 +210,29 @@ class Poller:
             self.watch.notify()
             if early:
                 self.dispatcher.post([(ctx, step) for step in early])
+                self._release_rows()
         return refusal
 
-    def _refusal(self) -> tuple[ErrorCode, str] | None:
-        """Why a new request is refused now, or None (caller holds `_lock`)."""
+    def _refusal(self, rows: int = 1) -> tuple[ErrorCode, str] | None:
+        """Why `rows` new requests are refused now, or None (caller holds `_lock`)."""
         if self.failure is not None:
             return ErrorCode.UNAVAILABLE, f"model not ready: {self.failure}"
         if not self._accepting:
             return ErrorCode.UNAVAILABLE, "model is shutting down"
-        held = len(self._open) + self._enqueuing
-        if self.max_open_requests is not None and held >= self.max_open_requests:
+        held = len(self._open) + self._enqueuing + self._rows.held
+        if self.max_open_requests is not None and held + rows > self.max_open_requests:
             return ErrorCode.UNAVAILABLE, str(QueueFull(held, self.max_open_requests, "requests in flight"))
+        return None
+
+    def _batched_refusal(self, rows: int) -> tuple[ErrorCode, str] | None:
+        """Rows of batched requests may hold at most half the request bound (caller holds `_lock`): the other half
+        stays for one-row requests, whatever batched clients send (or cancel and send again). A batched request
+        alone is never refused by this rule."""
+        held = self._rows.in_flight + self._rows.held
+        bound = None if self.max_open_requests is None else self.max_open_requests // 2
+        if bound is not None and held and held + rows > bound:
+            return ErrorCode.UNAVAILABLE, str(QueueFull(held, bound, "rows of batched requests in flight (half the "
+                                                                     "request bound; one-row requests keep the rest)"))
         return None
 
     def _stop_by_triton_id(self, ctx: RequestContext) -> None:
@@ -201,7 +272,7 @@ class Poller:
 
     def _fail_all(self, code: ErrorCode, message: str) -> None:
         with self._lock:
-            contexts = list(self._open.values())
+            contexts = list(self._open.values()) + self._rows.take_all_held()
             self._open.clear()
             self._by_triton_id.clear()
         self.dispatcher.post([(ctx, ErrorReply(code, message)) for ctx in contexts])
@@ -240,6 +311,7 @@ class Poller:
                 if step.is_final:
                     self._unregister(ctx)
                 routed.append((ctx, step))
+        self._release_rows()
         return routed
 
     def _ended(self, ctx: RequestContext, delivery_failed: bool) -> None:
@@ -248,6 +320,7 @@ class Poller:
             self._cancel(ctx)
             with self._lock:
                 self._unregister(ctx)
+            self._release_rows()
 
     def _final_ready(self, ctx: RequestContext) -> None:
         """A request's final response is about to be sent (dispatch calls this once per request): NVIDIA's metric
@@ -259,9 +332,10 @@ class Poller:
                 log.exception("on_finished hook failed")
 
     def _unregister(self, ctx: RequestContext) -> None:
-        """Forget `ctx` (caller holds `_lock`)."""
+        """Forget `ctx` (caller holds `_lock`; then `_release_rows` once it is released)."""
         if self._open.get(ctx.executor_id) is ctx:
             del self._open[ctx.executor_id]
+            self._rows.ended(ctx)
         siblings = self._by_triton_id.get(ctx.triton_request_id)
         if siblings is not None and ctx in siblings:
             siblings.remove(ctx)
@@ -279,12 +353,18 @@ class Poller:
     # -- cancellation ------------------------------------------------------------------------------------------
     def _open_snapshot(self) -> list[RequestContext]:
         with self._lock:
-            return [ctx for ctx in self._open.values() if not ctx.cancel_requested]
+            return [ctx for ctx in (*self._open.values(), *self._rows.waiting_groups()) if not ctx.cancel_requested]
 
     def _cancel(self, ctx: RequestContext) -> None:
         if ctx.cancel_requested:
             return
         ctx.cancel_requested = True
+        if ctx.row_group is not None:  # its request's rows still waiting for a slot end now, never enqueued
+            with self._lock:
+                held = self._rows.take_held(ctx.row_group)
+            self._end_held_rows(held, ctx.stopped)
+            if ctx in held:
+                return
         self._cancel_in_executor(ctx)
 
     def _cancel_in_executor(self, ctx: RequestContext) -> None:

@@ -73,6 +73,9 @@ class RequestContext:
     mailbox: list = field(default_factory=list)
     scheduled: bool = False
     responded: bool = False  # a response was sent: the dispatcher queues it with the running requests
+    # A row of a batched request (row_admission.py): its request's rows, and whether it holds one of their slots.
+    row_group: object | None = None
+    holds_row_slot: bool = False
     # Changed under `lock`; once ENDED the stream must not be touched (see RequestState).
     state: RequestState = RequestState.ACCEPTED
     lock: threading.Lock = field(default_factory=threading.Lock)

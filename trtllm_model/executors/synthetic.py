@@ -144,6 +144,10 @@ class SyntheticExecutor(Executor):
         self._thread.start()
 
     # -- interface -------------------------------------------------------------------------------------------
+    @property
+    def batch_slots(self) -> int:
+        return self.max_batch_size
+
     def enqueue(self, request: GenerationRequest) -> int:
         if "reject" in request.faults:
             raise RequestRejected("synthetic_fault: request rejected by the executor")

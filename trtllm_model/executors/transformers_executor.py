@@ -100,6 +100,10 @@ class TransformersExecutor(Executor):
     max_guide_bytes: int = DEFAULT_MAX_GUIDE_BYTES
     guide_compile_timeout_s: float = DEFAULT_GUIDE_COMPILE_TIMEOUT_S
 
+    @property
+    def batch_slots(self) -> int:
+        return self.max_batch_size
+
     def __init__(
         self,
         model: torch.nn.Module,
