@@ -374,7 +374,8 @@ def yaml_executor(trtllm, tmp_path, monkeypatch):
         "class Upper:\n    def __call__(self, req_id, logits, token_ids, stream_ptr, client_id):\n        pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     config = LlmApiConfig(tmp_path / "model.yaml", TritonConfig(), "trtllm_llmapi",
-                          {"model": str(make_checkpoint_dir(tmp_path / "model", vocab_size=5000))},
+                          {"model": str(make_checkpoint_dir(tmp_path / "model", vocab_size=5000)),
+                           "lora_config": {"max_lora_rank": 8}},
                           {"upper": "my_processors:Upper"})
     created, _ = create_from_model_yaml(config, {})
     yield created
@@ -414,6 +415,26 @@ def test_lora_path_that_does_not_exist_is_invalid_arg_naming_it(yaml_executor):
     with pytest.raises(InvalidInput, match="/no/such/adapter") as raised:
         _llmapi_parse(yaml_executor, lora_id=1, lora_name="a", lora_path="/no/such/adapter")
     assert not raised.value.unsupported
+
+
+def test_lora_path_is_refused_unlooked_at_when_the_llm_takes_no_lora(trtllm, tmp_path):
+    from trtllm_model.conventions.common import InvalidInput
+    from trtllm_model.executors.trtllm_llmapi import create_from_model_yaml
+    from trtllm_model.model_yaml import LlmApiConfig, TritonConfig
+
+    config = LlmApiConfig(tmp_path / "model.yaml", TritonConfig(), "trtllm_llmapi",
+                          {"model": str(make_checkpoint_dir(tmp_path / "model", vocab_size=5000))}, {})
+    executor, _ = create_from_model_yaml(config, {})
+    try:
+        answers = []
+        for path in (str(tmp_path), "/no/such/adapter"):  # one exists, one does not: the same answer
+            with pytest.raises(InvalidInput) as raised:
+                _llmapi_parse(executor, lora_id=1, lora_name="a", lora_path=path)
+            assert raised.value.unsupported
+            answers.append(str(raised.value))
+        assert answers[0] == answers[1] and "lora_config" in answers[0]
+    finally:
+        executor.shutdown()
 
 
 @pytest.mark.parametrize("given", [{"lora_id": 1}, {"lora_name": "a"}, {"lora_path": "/tmp"},

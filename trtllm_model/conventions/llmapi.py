@@ -310,6 +310,9 @@ def _lora(tensors: dict[str, np.ndarray], enabled: bool, executor_name: str) -> 
     if missing:
         raise InvalidInput(f"{', '.join(missing)}: lora_id, lora_name and lora_path must all be provided together")
     if not enabled:
+        if executor_name == "trtllm_llmapi":
+            raise InvalidInput("lora_path: this model's LLM takes no LoRA adapters (model.yaml sets no lora_config)",
+                               unsupported=True)
         raise InvalidInput(f"lora_path: LoRA adapters by path need executor trtllm_llmapi, not {executor_name}",
                            unsupported=True)
     source = _string(tensors, "lora_ckpt_source") or "hf"

@@ -81,6 +81,8 @@ class LlmApiExecutor(Executor):
         self._llm = llm
         self._sampling_params_cls = sampling_params_cls
         self._lora_request_cls = lora_request_cls
+        if lora_request_cls is None:  # then lora_path is refused at the edge, before the path is looked at
+            self.llmapi_features = self.llmapi_features - {"lora_request"}
         self._processors = logits_post_processors or {}
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
@@ -279,6 +281,11 @@ def create(params: Params) -> LlmApiExecutor:
     return executor
 
 
+def _lora_enabled(llm: Any) -> bool:
+    """Whether the LLM was built to take LoRA adapters (`lora_config`; the TensorRT backend's `enable_lora`)."""
+    return getattr(llm.args, "lora_config", None) is not None or bool(getattr(llm.args, "enable_lora", False))
+
+
 def _enable_guided_decoding(executor: LlmApiExecutor, llm: Any) -> None:
     """NVIDIA's guide inputs are taken only when the LLM was built with a guided-decoding backend."""
     if getattr(llm.args, "guided_decoding_backend", None):
@@ -305,7 +312,8 @@ def create_from_model_yaml(config: Any, raw_params: dict[str, str]) -> tuple[Llm
         raise ExecutorError(f"{config.path}: tensorrt_llm.LLM(**model.yaml) failed: {exc}") from exc
     checkpoint = Path(str(kwargs["model"]))
     checkpoint_json = checkpoint_config(checkpoint) if (checkpoint / "config.json").is_file() else {}
-    executor = LlmApiExecutor(llm, tensorrt_llm.SamplingParams, getattr(llmapi, "LoRARequest", None), processors)
+    lora_request_cls = getattr(llmapi, "LoRARequest", None) if _lora_enabled(llm) else None
+    executor = LlmApiExecutor(llm, tensorrt_llm.SamplingParams, lora_request_cls, processors)
     executor.vocab_size = checkpoint_vocab_size(checkpoint_json)
     # A hub name (NVIDIA's default model.yaml) has no local config.json: only the LLM's own arguments bound it.
     executor.build_limits = (llm_build_limits(llm.args, checkpoint_json, checkpoint) if checkpoint_json else

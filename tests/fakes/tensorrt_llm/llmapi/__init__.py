@@ -226,7 +226,7 @@ _LLM_ARGUMENTS = {
     "max_beam_width": 1, "kv_cache_config": None, "enable_chunked_prefill": False, "pipeline_parallel_size": 1,
     "gpus_per_node": None, "moe_expert_parallel_size": None, "enable_attention_dp": False, "cuda_graph_config": None,
     "disable_overlap_scheduler": False, "enable_iter_perf_stats": False, "return_perf_metrics": False,
-    "scheduler_config": None, "build_config": None, "guided_decoding_backend": None,
+    "scheduler_config": None, "build_config": None, "guided_decoding_backend": None, "lora_config": None,
 }
 
 
@@ -299,6 +299,8 @@ class LLM:
             raise TypeError("sampling_params must be a SamplingParams")
         if lora_request is not None and not isinstance(lora_request, LoRARequest):
             raise TypeError("lora_request must be a LoRARequest")
+        if lora_request is not None and self.args.lora_config is None:
+            raise ValueError("LoRA is not enabled: build the LLM with lora_config")
         self.requests.append((params, lora_request))
         if isinstance(inputs, dict):
             prompt = inputs.get("prompt_token_ids")
