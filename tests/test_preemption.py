@@ -92,6 +92,35 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_running_streams_with_the_to
         chunked.shutdown()
 
 
+def test_with_a_stall_factor_a_long_prompt_beside_decoding_streams_goes_in_chunks_with_the_same_tokens(loaded, roomy):
+    # The CPU deployment's default (prefill_stall_factor 2.5): the full budget (1024) would take the whole prompt in
+    # one step beside the streams; the learned budget splits it (the first chunk, before anything is learned, is 64).
+    paced = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, max_num_tokens=1024,
+                                 max_input_len=400, prefill_stall_factor=2.5)
+    try:
+        long_prompt = [200 + (i * 7919) % 30000 for i in range(300)]
+        streams = [greedy([1, 604 + i], 60) for i in range(2)]
+        expected = [tokens(steps) for steps in run_all(roomy, [*streams, greedy(long_prompt, 4)])]
+        ids = [paced.enqueue(request) for request in streams]
+        got: dict[int, list[Step]] = {request_id: [] for request_id in ids}
+
+        def collect(until) -> None:
+            while not until():
+                for step in paced.await_steps(1.0):
+                    got[step.request_id].append(step)
+
+        collect(lambda: sum(len(s) for s in got.values()) >= 10)  # the streams are decoding
+        paced.iteration_stats()
+        long_id = paced.enqueue(greedy(long_prompt, 4))
+        got[long_id] = []
+        collect(lambda: all(s and s[-1].is_final for s in got.values()))
+        assert [tokens(got[request_id]) for request_id in [*ids, long_id]] == expected
+        mixed = [s.context_tokens for s in paced.iteration_stats() if s.generation_requests and s.context_tokens]
+        assert len(mixed) >= 2 and max(mixed) <= 64, mixed
+    finally:
+        paced.shutdown()
+
+
 def test_a_prompt_longer_than_the_step_budget_finishes_on_an_idle_engine(loaded, roomy):
     """Nothing else running: the engine must not go idle between its chunks (it waited for new work, forever)."""
     chunked = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, max_num_tokens=32,

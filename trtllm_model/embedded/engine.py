@@ -36,6 +36,7 @@ from .runner import ModelRunner
 from .sampling import NO_ALLOWED_TOKEN, sample_next_tokens
 from .scheduler import Scheduler, SchedulerLimits, prefill_groups
 from .sequence import Sequence
+from .step_budget import StepBudget
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ class EngineConfig:
     kv_budget: KvBudget
     stats_max_iterations: int = 1000
     enable_kv_cache_reuse: bool = True  # NVIDIA's name: prefix caching over full blocks
+    # A step that prefills beside decoding streams takes at most this many times a decode-only step (step_budget.py);
+    # <= 1: off, every step may prefill max_num_tokens.
+    prefill_stall_factor: float = 0.0
 
 
 class EngineDead(RuntimeError):
@@ -66,6 +70,7 @@ class Engine:
         runner.allocate_kv_pool(budget.num_blocks, budget.block_size)
         self._host_bytes = host_memory_bytes(runner)
         self.scheduler = Scheduler(SchedulerLimits(config.max_batch_size, config.max_num_tokens), self.blocks)
+        self.step_budget = StepBudget(config.max_num_tokens, config.prefill_stall_factor)
         self.running: list[Sequence] = []
         self.iteration = 0
         self.phase_seconds: dict[str, float] = {}  # engine thread's time per phase of its iterations, summed
@@ -191,7 +196,7 @@ class Engine:
             self.scheduler.add(sequence)
         self._publish(self._end_cancelled_and_expired(cancels, started))
         self.running = self.scheduler.make_room_for_decode(self.running)  # preempted ones wait again
-        admitted = self.scheduler.admit(self.running)
+        admitted = self.scheduler.admit(self.running, self.step_budget.prefill_tokens(len(self.running)))
         context_tokens = sum(sequence.prefill_len for sequence in admitted)  # what the prefills compute
         decoded, joined = len(self.running), len(admitted)
         joining, admitted = self._prefills_in_decode(admitted)
@@ -220,6 +225,7 @@ class Engine:
         self.iteration += 1
         self._record_stats(decoded, joined, context_tokens)
         self._lap("prefill", lap)
+        self.step_budget.observe(decoded, context_tokens, time.monotonic() - started)
         return True
 
     def _lap(self, phase: str, since: float) -> float:

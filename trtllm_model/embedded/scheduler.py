@@ -66,10 +66,13 @@ class Scheduler:
         self.waiting.appendleft(sequence)
         self.preemptions += 1
 
-    def admit(self, running: list[Sequence]) -> list[Sequence]:
+    def admit(self, running: list[Sequence], prompt_tokens: int | None = None) -> list[Sequence]:
         """The sequences prefilled this step, each with `prefill_end` set (the chunk it computes): partial prefills
-        first, then queued sequences that join, their blocks allocated."""
+        first, then queued sequences that join, their blocks allocated. At most `prompt_tokens` prompt tokens (the
+        step budget's share, step_budget.py), and never more than the step's token budget leaves."""
         tokens_left = self.limits.max_num_tokens - len(running)
+        if prompt_tokens is not None:
+            tokens_left = min(tokens_left, prompt_tokens)
         scheduled: list[Sequence] = []
         for sequence in self.prefilling:
             if tokens_left <= 0:

@@ -48,6 +48,7 @@ class EngineSpec:
     enable_kv_cache_reuse: bool = True
     cuda_graphs: bool = True  # on CUDA; ignored on CPU
     guide_compile_timeout_s: float = 10.0  # the worker compiles guides (embedded/guided.py), within this
+    prefill_stall_factor: float = 0.0  # embedded/step_budget.py
 
 
 @dataclass(slots=True)

@@ -188,7 +188,7 @@ def build_engine(spec: EngineSpec):
         memory = default_kv_cache_bytes(runner.device, DEFAULT_FREE_GPU_MEM_FRACTION if fraction is None else fraction)
     budget = KvBudget(memory, runner.kv_bytes_per_token)
     engine = Engine(runner, EngineConfig(spec.max_batch_size, spec.max_num_tokens, budget, spec.stats_max_iterations,
-                                         spec.enable_kv_cache_reuse))
+                                         spec.enable_kv_cache_reuse, spec.prefill_stall_factor))
     eos = getattr(getattr(loaded.model, "generation_config", None), "eos_token_id", None)
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None

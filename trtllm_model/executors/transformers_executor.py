@@ -34,6 +34,9 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   guide_compile_timeout_s  how long a request waits for its guide to compile (default 10); longer: INVALID_ARG,
                    and the guide stays refused. With engine_process the worker compiles guides (once, off its
                    command loop); the stub only checks their limits
+  prefill_stall_factor  a step that prefills a prompt chunk beside decoding streams takes at most this many times a
+                   decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is learned
+                   from the engine's own steps (embedded/step_budget.py)
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
 
@@ -88,11 +91,12 @@ log = logging.getLogger(__name__)
 PARAMETERS = frozenset(
     {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes",
      "engine_process", "enable_kv_cache_reuse", "cuda_graphs", "max_guide_bytes", "guide_compile_timeout_s",
-     "engine_heartbeat_timeout_s"}
+     "engine_heartbeat_timeout_s", "prefill_stall_factor"}
 )
 
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_NUM_TOKENS = 2048
+DEFAULT_CPU_STALL_FACTOR = 2.5  # prefill_stall_factor on CPU: a step with a prompt chunk <= 2.5x a decode-only step
 
 
 class TransformersExecutor(Executor):
@@ -118,13 +122,14 @@ class TransformersExecutor(Executor):
         enable_kv_cache_reuse: bool = True,
         kv_block_size: int = DEFAULT_BLOCK_SIZE,
         cuda_graphs: bool = True,
+        prefill_stall_factor: float = 0.0,
     ) -> None:
         """The engine on a thread of this process."""
         self.runner = ModelRunner(model, cuda_graphs=cuda_graphs)
         memory = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else default_kv_cache_bytes(self.runner.device)
         budget = KvBudget(memory, self.runner.kv_bytes_per_token, kv_block_size)
         engine = Engine(self.runner, EngineConfig(max_batch_size, max_num_tokens, budget, stats_max_iterations,
-                                                  enable_kv_cache_reuse))
+                                                  enable_kv_cache_reuse, prefill_stall_factor))
         self._start(engine, tokenizer, self.runner.vocab_size, self.runner.max_positions, budget,
                     _end_id_of(model, tokenizer), max_batch_size, max_num_tokens, max_input_len, max_output_len,
                     max_queue_size)
@@ -307,6 +312,10 @@ def create(params: Params) -> Executor:
     fraction = params.float("kv_cache_free_gpu_mem_fraction", DEFAULT_FREE_GPU_MEM_FRACTION, minimum=0.0, maximum=1.0)
     max_batch_size = params.int("max_batch_size", DEFAULT_MAX_BATCH_SIZE, minimum=1)
     stats_max_iterations = params.int("iter_stats_max_iterations", 1000, minimum=1)
+    # On a CPU a long prompt's chunk is sized to keep the decoding streams' gap (embedded/step_budget.py); on a GPU
+    # the engine keeps its full budget until the bound is measured there.
+    stall_factor = params.float("prefill_stall_factor", DEFAULT_CPU_STALL_FACTOR if device == "cpu" else 0.0,
+                                minimum=0.0)
     guide_limits = (params.int("max_guide_bytes", DEFAULT_MAX_GUIDE_BYTES, minimum=1),
                     params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001))
     # On CUDA the worker process frees the engine's steps from the stub's GIL (the point of issue 24); on a small CPU
@@ -319,6 +328,7 @@ def create(params: Params) -> Executor:
             kv_cache_free_gpu_mem_fraction=fraction, stats_max_iterations=stats_max_iterations,
             enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
             cuda_graphs=params.bool("cuda_graphs", True), guide_compile_timeout_s=guide_limits[1],
+            prefill_stall_factor=stall_factor,
         )
         executor = TransformersExecutor.in_worker_process(
             spec,
@@ -357,6 +367,7 @@ def create(params: Params) -> Executor:
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
         cuda_graphs=params.bool("cuda_graphs", True),
+        prefill_stall_factor=stall_factor,
     ), guide_limits)
 
 
