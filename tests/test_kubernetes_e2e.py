@@ -368,7 +368,11 @@ def wait_for_idle(metrics_url: str) -> Scrape:
     deadline = time.monotonic() + 10
     while True:
         current = scrape(metrics_url)
-        if current.value("nv_trt_llm_request_metrics", request_type="active", model="tensorrt_llm") == 0:
+        # Each gauge is its own call into Triton, so a scrape may fall between two of one iteration's gauges: idle
+        # is no request active and no KV block held.
+        kv_used = (current.value("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used", model="tensorrt_llm")
+                   if current.find("nv_trt_llm_kv_cache_block_metrics") else 0)
+        if current.value("nv_trt_llm_request_metrics", request_type="active", model="tensorrt_llm") == 0 and not kv_used:
             return current
         assert time.monotonic() < deadline, "the executor never went idle"
         time.sleep(0.05)

@@ -165,7 +165,8 @@ def test_running_streams_are_served_round_robin_while_new_requests_keep_arriving
     # Sends at 3 ms, one at a time (~330 a second); new requests arrive faster than that (one every 1.5 ms). When
     # first tokens went first, the running streams got nothing while the arrivals lasted. Now every running stream
     # gets its next response within one round (the other running streams and as many first responses), give or take
-    # the sends the 3 workers had taken meanwhile and thread scheduling on a busy machine (12 sends).
+    # the sends the 3 workers had taken meanwhile and thread scheduling on a busy machine (up to 36 seen under a
+    # concurrent `make test`; the bound allows 45).
     p = poller(step_ms=1.0, sender_threads=2)
     sent, channel, count = [], threading.Lock(), 10
     running = _start_running_streams(p, count, sent, channel, 0.003)
@@ -177,7 +178,8 @@ def test_running_streams_are_served_round_robin_while_new_requests_keep_arriving
         positions = [i for i, name in enumerate(window) if name == stream.name]
         assert len(positions) >= 3, f"{stream.name}: {len(positions)} responses in {len(window)} sends"
         gaps = [b - a for a, b in zip([0, *positions], positions)]
-        assert max(gaps) <= 2 * count + 12, f"{stream.name} waited {max(gaps)} sends for a response"
+        # Starved (first tokens first), a running stream waits the whole arrival window (about 300 sends).
+        assert max(gaps) <= 3 * count + 15, f"{stream.name} waited {max(gaps)} sends for a response"
 
 
 def test_a_new_request_is_not_starved_by_running_streams_with_tokens_waiting(poller):
