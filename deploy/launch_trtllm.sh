@@ -100,4 +100,19 @@ if [ "$executor" = trtllm_engine ] && [ "$world_size" -gt 1 ] && [ "${TRTLLM_ORC
   exec mpirun --allow-run-as-root "${hosts[@]}" "${ranks[@]}"
 fi
 
-exec tritonserver --model-repository="$repository" "${serving[@]}"
+# tritonserver 2.51 never exits after SIGTERM while a client's gRPC stream is still open (docs/reliability.md,
+# "Stopping"), so the stop would last until the kubelet's SIGKILL: pass the stop on, and once its exit timeout and
+# 5 s more have passed, kill it and its backend stubs (as `trtllm-triton serve` does).
+tritonserver --model-repository="$repository" "${serving[@]}" &
+server=$!
+grace=$(( ${EXIT_TIMEOUT_SECS:-30} + 5 ))
+stop_server() {
+  kill -TERM "$server" 2>/dev/null || true
+  ( sleep "$grace"; pkill -KILL -P "$server" 2>/dev/null || true; kill -KILL "$server" 2>/dev/null || true ) &
+}
+trap stop_server TERM INT
+while true; do
+  wait "$server" && status=0 || status=$?  # a trapped signal also ends the wait: wait again until it is gone
+  kill -0 "$server" 2>/dev/null || break
+done
+exit "$status"

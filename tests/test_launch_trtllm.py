@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,49 @@ def test_an_unusable_operator_key_stops_the_start(tmp_path, stand_ins):
     failed = launch(tmp_path, stand_ins, TRTLLM_TRITON_ADMIN_KEY="short:key")
     assert failed.returncode != 0 and "TRTLLM_TRITON_ADMIN_KEY must be" in failed.stderr
     assert "tritonserver" not in failed.stdout
+
+
+def test_a_server_that_ignores_the_stop_is_killed_after_its_exit_timeout(tmp_path):
+    # tritonserver 2.51 never exits after SIGTERM while a client's gRPC stream is open (issue 31 item 13): the script
+    # passes the stop on, then kills the server and its children EXIT_TIMEOUT_SECS + 5 s later.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    pids = tmp_path / "pids"
+    (bin_dir / "tritonserver").write_text(
+        f"#!/bin/bash\ntrap 'echo got-term >> {tmp_path}/log' TERM\nsleep 300 &\n"
+        f"echo \"$$ $!\" > {pids}\nwhile true; do wait; done\n")
+    (bin_dir / "tritonserver").chmod(0o755)
+    environment = {
+        **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, "PTH_DIR": str(tmp_path),
+        "TRTLLM_TRITON_ROOT": str(ROOT), "MODEL_REPOSITORY": str(tmp_path / "repo"), "EXIT_TIMEOUT_SECS": "1",
+    }
+    script = subprocess.Popen(["bash", str(SCRIPT)], env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not pids.exists() or not pids.read_text().strip():
+            assert time.monotonic() < deadline and script.poll() is None, "the server never started"
+            time.sleep(0.1)
+        server, child = (int(pid) for pid in pids.read_text().split())
+        started = time.monotonic()
+        script.send_signal(signal.SIGTERM)
+        script.wait(timeout=30)
+        took = time.monotonic() - started
+        assert 5.5 < took < 15, took  # 1 s exit timeout + 5 s
+        assert (tmp_path / "log").read_text().strip() == "got-term"  # the stop reached it first
+        for pid in (server, child):
+            deadline = time.monotonic() + 5
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _alive(pid), pid
+    finally:
+        script.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed child not yet reaped by its (gone) parent is a zombie: dead for this purpose.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ")[-1][0] != "Z"
