@@ -94,7 +94,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_running_streams_with_the_to
 
 def test_with_a_stall_factor_a_long_prompt_beside_decoding_streams_goes_in_chunks_with_the_same_tokens(loaded, roomy):
     # The CPU deployment's default (prefill_stall_factor 2.5): the full budget (1024) would take the whole prompt in
-    # one step beside the streams; the learned budget splits it (the first chunk, before anything is learned, is 64).
+    # one step beside the streams; the steered budget splits it (the first chunk, before anything is learned, is 64).
     paced = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, max_num_tokens=1024,
                                  max_input_len=400, prefill_stall_factor=2.5)
     try:
@@ -116,7 +116,7 @@ def test_with_a_stall_factor_a_long_prompt_beside_decoding_streams_goes_in_chunk
         collect(lambda: all(s and s[-1].is_final for s in got.values()))
         assert [tokens(got[request_id]) for request_id in [*ids, long_id]] == expected
         mixed = [s.context_tokens for s in paced.iteration_stats() if s.generation_requests and s.context_tokens]
-        assert len(mixed) >= 2 and max(mixed) <= 64, mixed
+        assert len(mixed) >= 2 and mixed[0] == 64 and max(mixed) < 300, mixed
     finally:
         paced.shutdown()
 
