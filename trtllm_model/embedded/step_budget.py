@@ -20,7 +20,7 @@ from dataclasses import dataclass
 DECAY = 0.8
 # The chunk before anything is learned, and the smallest one handed out while streams decode.
 FIRST_CHUNK = 64
-MIN_CHUNK = 8
+MIN_CHUNK = 32
 
 
 @dataclass(slots=True)

@@ -35,8 +35,8 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    and the guide stays refused. With engine_process the worker compiles guides (once, off its
                    command loop); the stub only checks their limits
   prefill_stall_factor  a step that prefills a prompt chunk beside decoding streams takes at most this many times a
-                   decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is learned
-                   from the engine's own steps (embedded/step_budget.py)
+                   decode-only step (default 4 on CPU; 0 = off, the default on CUDA): the chunk size is steered
+                   by the engine's own step times (embedded/step_budget.py; docs/performance.md has the trade-off)
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
 
@@ -96,7 +96,7 @@ PARAMETERS = frozenset(
 
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_NUM_TOKENS = 2048
-DEFAULT_CPU_STALL_FACTOR = 2.5  # prefill_stall_factor on CPU: a step with a prompt chunk <= 2.5x a decode-only step
+DEFAULT_CPU_STALL_FACTOR = 4.0  # prefill_stall_factor on CPU: a step with a prompt chunk about 4x a decode-only step
 
 
 class TransformersExecutor(Executor):
