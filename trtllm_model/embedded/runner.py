@@ -84,15 +84,17 @@ class ModelRunner:
         each chunk's last token."""
         block_size = self.pool.block_size
         queries = max(sequence.prefill_len for sequence in sequences)
-        width = max(len(sequence.blocks.block_ids) for sequence in sequences)
+        # Only the blocks up to each chunk's end: the keys past it are masked anyway, and a chunk of a long prompt
+        # attending over the whole prompt's table cost it as much as its own tokens (CPU, 64 of 2,048 tokens).
+        width = max(-(-sequence.prefill_end // block_size) for sequence in sequences)
         rows = len(sequences)
         ids = torch.zeros((rows, queries), dtype=torch.long)
         positions = torch.zeros((rows, queries), dtype=torch.long)
         slots = torch.full((rows, queries), TRASH_BLOCK * block_size, dtype=torch.long)
         tables = torch.full((rows, width), TRASH_BLOCK, dtype=torch.long)
         for row, sequence in enumerate(sequences):
-            table = torch.tensor(sequence.blocks.block_ids, dtype=torch.long)
             start, end = sequence.num_computed, sequence.prefill_end
+            table = torch.tensor(sequence.blocks.block_ids[: -(-end // block_size)], dtype=torch.long)
             padding = queries - (end - start)
             row_positions = torch.arange(start, end)
             tables[row, : len(table)] = table
