@@ -49,6 +49,26 @@ def greedy(prompt: list[int], max_tokens: int) -> GenerationRequest:
     return GenerationRequest(input_ids=prompt, max_tokens=max_tokens, min_tokens=max_tokens)
 
 
+def beside_decoding_streams(executor, streams: list[GenerationRequest], long_request: GenerationRequest,
+                            decoding_steps: int) -> tuple[list[list[int]], list]:
+    """Start `streams`; once they have `decoding_steps` steps between them, the long request. Returns every request's
+    tokens (the streams', then the long one's) and the iteration stats since the long request came."""
+    ids = [executor.enqueue(request) for request in streams]
+    got: dict[int, list[Step]] = {request_id: [] for request_id in ids}
+
+    def collect(until) -> None:
+        while not until():
+            for step in executor.await_steps(1.0):
+                got[step.request_id].append(step)
+
+    collect(lambda: sum(len(s) for s in got.values()) >= decoding_steps)  # the streams are decoding
+    executor.iteration_stats()
+    long_id = executor.enqueue(long_request)
+    got[long_id] = []
+    collect(lambda: all(s and s[-1].is_final for s in got.values()))
+    return [tokens(got[request_id]) for request_id in [*ids, long_id]], executor.iteration_stats()
+
+
 @settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.lists(st.integers(200, 40000), min_size=1, max_size=20), st.integers(10, 28)),
                 min_size=2, max_size=4))
@@ -70,21 +90,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_running_streams_with_the_to
         long_prompt = [200 + (i * 7919) % 30000 for i in range(150)]
         streams = [greedy([1, 504 + i], 40) for i in range(2)]
         expected = [tokens(steps) for steps in run_all(roomy, [*streams, greedy(long_prompt, 5)])]
-        chunked.iteration_stats()
-        ids = [chunked.enqueue(request) for request in streams]
-        got: dict[int, list[Step]] = {request_id: [] for request_id in ids}
-
-        def collect(until) -> None:
-            while not until():
-                for step in chunked.await_steps(1.0):
-                    got[step.request_id].append(step)
-
-        collect(lambda: sum(len(s) for s in got.values()) >= 6)  # the streams are decoding
-        long_id = chunked.enqueue(greedy(long_prompt, 5))
-        got[long_id] = []
-        collect(lambda: all(s and s[-1].is_final for s in got.values()))
-        assert [tokens(got[request_id]) for request_id in [*ids, long_id]] == expected
-        stats = chunked.iteration_stats()
+        got, stats = beside_decoding_streams(chunked, streams, greedy(long_prompt, 5), decoding_steps=6)
+        assert got == expected
         mixed = [s for s in stats if s.generation_requests and s.context_tokens]
         # The 150-token prompt went in chunks of at most 32 - 2 tokens, each step beside the two decoding streams.
         assert sum(s.context_tokens for s in mixed) >= 150 and max(s.tokens_in_step for s in stats) <= 32
@@ -93,7 +100,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_running_streams_with_the_to
 
 
 def test_with_a_stall_factor_a_long_prompt_beside_decoding_streams_goes_in_chunks_with_the_same_tokens(loaded, roomy):
-    # The CPU deployment's default (prefill_stall_factor 2.5): the full budget (1024) would take the whole prompt in
+    # A stall factor (the CPU deployment's default is 4; 2.5 here): the full budget (1024) would take the whole prompt in
     # one step beside the streams; the steered budget splits it (the first chunk, before anything is learned, is 64).
     paced = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, max_num_tokens=1024,
                                  max_input_len=400, prefill_stall_factor=2.5)
@@ -101,21 +108,9 @@ def test_with_a_stall_factor_a_long_prompt_beside_decoding_streams_goes_in_chunk
         long_prompt = [200 + (i * 7919) % 30000 for i in range(300)]
         streams = [greedy([1, 604 + i], 60) for i in range(2)]
         expected = [tokens(steps) for steps in run_all(roomy, [*streams, greedy(long_prompt, 4)])]
-        ids = [paced.enqueue(request) for request in streams]
-        got: dict[int, list[Step]] = {request_id: [] for request_id in ids}
-
-        def collect(until) -> None:
-            while not until():
-                for step in paced.await_steps(1.0):
-                    got[step.request_id].append(step)
-
-        collect(lambda: sum(len(s) for s in got.values()) >= 10)  # the streams are decoding
-        paced.iteration_stats()
-        long_id = paced.enqueue(greedy(long_prompt, 4))
-        got[long_id] = []
-        collect(lambda: all(s and s[-1].is_final for s in got.values()))
-        assert [tokens(got[request_id]) for request_id in [*ids, long_id]] == expected
-        mixed = [s.context_tokens for s in paced.iteration_stats() if s.generation_requests and s.context_tokens]
+        got, stats = beside_decoding_streams(paced, streams, greedy(long_prompt, 4), decoding_steps=10)
+        assert got == expected
+        mixed = [s.context_tokens for s in stats if s.generation_requests and s.context_tokens]
         assert len(mixed) >= 2 and mixed[0] == 64 and max(mixed) < 300, mixed
     finally:
         paced.shutdown()
