@@ -150,6 +150,8 @@ def main() -> None:
                         help="decode steps as eager forwards, no CUDA graphs (config cuda_graphs=false)")
     parser.add_argument("--engine-process", action="store_true",
                         help="the executor's engine in a worker process of its own (config engine_process=true)")
+    parser.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=None,
+                        help="the engine's overlapped steps (default: on CUDA only)")
     parser.add_argument("--repeat", type=int, default=1, help="measurements of each row; median and spread reported")
     parser.add_argument("--compiled-static", action=argparse.BooleanOptionalAction, default=None,
                         help="also transformers' compiled static-cache generate (default: on CUDA only)")
@@ -176,14 +178,15 @@ def main() -> None:
         model.generate(warm, max_new_tokens=2, do_sample=False, pad_token_id=pad_id)
         if args.engine_process:
             spec = EngineSpec(device=args.device, dtype=dtype, torch_threads=args.threads,
-                              max_batch_size=max(levels), max_num_tokens=8192, cuda_graphs=not args.eager)
+                              max_batch_size=max(levels), max_num_tokens=8192, cuda_graphs=not args.eager,
+                              overlap_steps=args.overlap_steps)
             executor = TransformersExecutor.in_worker_process(spec)
         else:
             # A model object of its own: the engine changes its forward (embedded/model_patches.py), and the
             # generate baselines below stay transformers' own.
             engine_model = load_model(device=args.device, dtype=dtype).model
             executor = TransformersExecutor(engine_model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192,
-                                            cuda_graphs=not args.eager)
+                                            cuda_graphs=not args.eager, overlap_steps=args.overlap_steps)
         counts = sorted({max(level, args.prompts) for level in levels})
         try:
             run_executor(executor, all_prompts[: max(levels)], 4, max(levels))  # warm-up (allocations, graphs)

@@ -9,6 +9,14 @@ it grows the decoding sequences' blocks, preempts the newest when the pool runs 
 out prefill chunks within the step's token budget; a sequence whose chunk ends its prompt samples its first token
 and decodes from the next iteration on.
 
+Overlapped steps (`overlap_steps`, the default on CUDA): a step's tokens are sampled on the device and fed to the
+next step from there, so the engine launches step n+1 before it reads step n's tokens, and builds inputs and accepts
+tokens while the device computes (as vLLM's async scheduling and SGLang's overlap scheduler do). A row fed after its
+request ended on a token not yet read is computed for nothing and dropped. Requests whose sampling reads their
+tokens so far (guides, penalties, bans, min_tokens) or that return logits are stepped plainly: the in-flight
+step's tokens are read first. So is a step that might have to preempt (a preempted sequence's unread token, and
+its seeded draw, would be lost).
+
 A failure the engine can pin on one request (its prefill, retried alone when it was part of a group; its sampling,
 retried row by row; its context logits) fails that request with an error step and frees its blocks; the batch
 goes on (a prefill writes only its own new blocks, and a block becomes findable by other prompts only once
@@ -33,7 +41,7 @@ from ..executor_interface import FinishReason, IterationStats, KvCacheStats, Ste
 from .block_manager import BlockManager
 from .kv_budget import KvBudget
 from .runner import ModelRunner
-from .sampling import NO_ALLOWED_TOKEN, sample_next_tokens
+from .sampling import NO_ALLOWED_TOKEN, sample_next_tokens, sample_on_device
 from .scheduler import Scheduler, SchedulerLimits, prefill_groups
 from .sequence import Sequence
 from .step_budget import StepBudget
@@ -55,6 +63,24 @@ class EngineConfig:
     # A step that prefills beside decoding streams takes at most this many times a decode-only step (step_budget.py);
     # <= 1: off, every step may prefill max_num_tokens.
     prefill_stall_factor: float = 0.0
+    # Launch step n+1 before the host reads step n's tokens (fed to it on the device): the host's work of a step
+    # (building inputs, accepting tokens) runs while the device computes. On CPU the forward runs on this thread,
+    # so there is nothing to overlap (the executor leaves it off there).
+    overlap_steps: bool = False
+
+
+@dataclass(slots=True)
+class StepInFlight:
+    """A launched step whose sampled tokens the host has not read yet (overlapped steps): its rows (the decoding
+    sequences, then the prompts it completed), the tokens on the device (what the next step feeds them), and their
+    copies on their way to the host, complete once `ready` is."""
+
+    rows: list[Sequence]
+    decoding: int  # rows[:decoding] decoded; the rest sampled their first token after a prefill
+    tokens: torch.Tensor
+    host_tokens: torch.Tensor
+    host_log_probs: torch.Tensor
+    ready: torch.cuda.Event | None  # None on CPU, where the copies are done when made
 
 
 class EngineDead(RuntimeError):
@@ -72,6 +98,8 @@ class Engine:
         self.scheduler = Scheduler(SchedulerLimits(config.max_batch_size, config.max_num_tokens), self.blocks)
         self.step_budget = StepBudget(config.max_num_tokens, config.prefill_stall_factor)
         self.running: list[Sequence] = []
+        self.in_flight: StepInFlight | None = None  # with overlap_steps: the last step, its tokens not read yet
+        self._host_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # two (tokens, log probs), in turn
         self.iteration = 0
         self.phase_seconds: dict[str, float] = {}  # engine thread's time per phase of its iterations, summed
 
@@ -181,7 +209,7 @@ class Engine:
         with self._lock:
             # A partly prefilled prompt is work too: alone on the engine, its next chunk must not wait for new work.
             while not (self._stopping or self._incoming or self._cancels or self.running or self.scheduler.waiting
-                       or self.scheduler.prefilling):
+                       or self.scheduler.prefilling or self.in_flight):
                 self._work.wait()
             if self._stopping:
                 return False
@@ -189,36 +217,53 @@ class Engine:
             cancels, self._cancels = self._cancels, set()
         # Phases: schedule (cancels, admission), decode (inputs and the forward's launch), sample (on CUDA also the
         # wait for the forward), accept (each row's token, stop checks, steps out), prefill (all of it, its sampling
-        # included); the engine thread's seconds in each are summed in `phase_seconds`.
+        # included); the engine thread's seconds in each are summed in `phase_seconds`. With overlapped steps,
+        # "accept" takes the previous step's tokens while this one runs, and "sample" only launches the sampling.
         started = time.monotonic()
         lap = time.perf_counter()
         for sequence in incoming:
             self.scheduler.add(sequence)
         self._publish(self._end_cancelled_and_expired(cancels, started))
-        self.running = self.scheduler.make_room_for_decode(self.running)  # preempted ones wait again
-        admitted = self.scheduler.admit(self.running, self.step_budget.prefill_tokens(len(self.running)))
+        if self.in_flight is not None and not self._may_overlap():
+            self._read_in_flight()
+        # A sequence whose tokens on the device already end it is not fed again: it ends when they are read.
+        ending = [sequence for sequence in self.running if sequence.ends_once_read(self.runner.max_positions)]
+        decoding = [sequence for sequence in self.running if not sequence.ends_once_read(self.runner.max_positions)]
+        decoding = self.scheduler.make_room_for_decode(decoding)  # preempted ones wait again
+        self.running = [*decoding, *ending]
+        # The ending ones keep their seats until their tokens are read.
+        admitted = self.scheduler.admit(self.running, self.step_budget.prefill_tokens(len(decoding)))
         context_tokens = sum(sequence.prefill_len for sequence in admitted)  # what the prefills compute
-        decoded, joined = len(self.running), len(admitted)
-        joining, admitted = self._prefills_in_decode(admitted)
+        decoded, joined = len(decoding), len(admitted)
+        joining, admitted = self._prefills_in_decode(admitted, len(decoding))
         lap = self._lap("schedule", lap)
-        if self.running or joining:
+        if decoding or joining:
             self.runner.pool.zero_up_to(self.blocks.high_water)
-            logits, prefilled = self._decode(joining)
+            logits, prefilled = self._decode(decoding, joining)
             if not prefilled:  # none, or their forward failed: they are prefilled apart below
                 admitted = [*joining, *admitted]
-            for sequence in self.running:
+            for sequence in decoding:
                 self._computed(sequence, len(sequence.token_ids))
             lap = self._lap("decode", lap)
             if logits is not None:
-                decoding = len(self.running)
-                logits, done = self._prompts_done(prefilled, logits, decoding)
-                sampled = self._sample([*self.running, *done], logits)
-                lap = self._lap("sample", lap)
-                steps = self._accept(self.running, logits[:decoding], sampled[:decoding])
-                steps += self._accept(done, logits[decoding:], sampled[decoding:], prefill=True)
+                logits, done = self._prompts_done(prefilled, logits, len(decoding))
+                rows = [*decoding, *done]
+                launched = self._launch_sampling(rows, len(decoding), logits) if self.config.overlap_steps else None
+                if launched is not None:
+                    lap = self._lap("sample", lap)
+                    steps = self._accept_in_flight()
+                    self.in_flight = launched if rows else None
+                else:
+                    self._read_in_flight()  # first: the rows' sampling reads their tokens so far
+                    sampled = self._sample(rows, logits)
+                    lap = self._lap("sample", lap)
+                    steps = self._accept(decoding, logits[: len(decoding)], sampled[: len(decoding)])
+                    steps += self._accept(done, logits[len(decoding):], sampled[len(decoding):], prefill=True)
                 self.running.extend(done)
                 self._publish(steps)
                 lap = self._lap("accept", lap)
+        elif self.in_flight is not None:  # nothing to launch: the last step's tokens are all that is left
+            self._read_in_flight()
         for group in prefill_groups(admitted):
             self._prefill(group)
         self._release_finished()
@@ -228,16 +273,96 @@ class Engine:
         self.step_budget.observe(decoded, context_tokens, time.monotonic() - started)
         return True
 
+    # -- overlapped steps ------------------------------------------------------------------------------------------
+    def _may_overlap(self) -> bool:
+        """Whether the next step may launch before the in-flight step's tokens are read: every running sequence's
+        sampling can do without its last token on the host, and the pool grows each by one block if it must without
+        preempting anyone (a preempted sequence's token on the device would be lost, and with it a seeded draw)."""
+        if not all(sequence.overlappable for sequence in self.running):
+            return False
+        blocks = self.blocks
+        needed = sum(max(0, blocks.blocks_for(sequence.num_tokens) - len(sequence.blocks.block_ids))
+                     for sequence in self.running)
+        return needed <= blocks.free_blocks
+
+    def _launch_sampling(self, rows: list[Sequence], decoding: int, logits: torch.Tensor) -> StepInFlight | None:
+        """Sample the rows on the device and start the tokens' copy to the host, without waiting for either; None
+        when a row's sampling needs the host (guides, penalties, logits to return) or the launch failed: the step
+        is then sampled as a plain one."""
+        if not all(sequence.overlappable for sequence in rows):
+            return None
+        try:
+            tokens, log_probs = sample_on_device(logits, [sequence.sampling_state() for sequence in rows])
+            host_tokens, host_log_probs = self._host_buffer(len(rows), log_probs.dtype)
+            host_tokens.copy_(tokens, non_blocking=True)
+            host_log_probs.copy_(log_probs, non_blocking=True)
+            ready = None
+            if tokens.device.type == "cuda":
+                ready = torch.cuda.Event()
+                ready.record()
+        except Exception as exc:  # noqa: BLE001 - sampled again as a plain step, where a row's failure stays its own
+            log.warning("sampling %d rows on the device failed (%s); the step is sampled on the host", len(rows), exc)
+            return None
+        for row, sequence in enumerate(rows):
+            sequence.pending += 1
+            sequence.device_row = row
+        return StepInFlight(rows, decoding, tokens, host_tokens, host_log_probs, ready)
+
+    def _host_buffer(self, rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host tensors for a step's tokens and log probs, two sets used in turn (one is read while the other fills);
+        pinned on CUDA so the copies do not wait for the device."""
+        pinned = self.runner.device.type == "cuda"
+        turn = self.iteration % 2
+        while len(self._host_buffers) <= turn or self._host_buffers[turn][0].numel() < rows:
+            size = max(rows, self.config.max_batch_size)
+            buffers = (torch.empty(size, dtype=torch.long, pin_memory=pinned),
+                       torch.empty(size, dtype=dtype, pin_memory=pinned))
+            if len(self._host_buffers) <= turn:
+                self._host_buffers.append(buffers)
+            else:
+                self._host_buffers[turn] = buffers
+        tokens, log_probs = self._host_buffers[turn]
+        return tokens[:rows], log_probs[:rows]
+
+    def _accept_in_flight(self) -> list[Step]:
+        """The in-flight step's tokens, read (waiting for them if need be) and accepted; its rows that ended
+        meanwhile (cancelled, or ended by the tokens read before) are skipped."""
+        launched, self.in_flight = self.in_flight, None
+        if launched is None:
+            return []
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        tokens = launched.host_tokens.tolist()
+        log_probs = launched.host_log_probs.tolist()
+        steps = []
+        for row, sequence in enumerate(launched.rows):
+            sequence.pending -= 1
+            if sequence.is_finished:
+                continue
+            sampled = (tokens[row], log_probs[row] if sequence.sampling.log_probs else None)
+            prefill = row >= launched.decoding
+            try:
+                steps.append(self._accept_row(sequence, None, sampled, prefill))
+            except Exception as exc:  # noqa: BLE001 - this request's own failure
+                steps.append(self._fail(sequence, "prefill" if prefill else "decode", exc))
+        return steps
+
+    def _read_in_flight(self) -> None:
+        """Accept and publish the in-flight step's tokens now (before a step whose sampling needs them)."""
+        if self.in_flight is not None:
+            self._publish(self._accept_in_flight())
+            self._release_finished()
+
     def _lap(self, phase: str, since: float) -> float:
         now = time.perf_counter()
         self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + now - since
         return now
 
-    def _prefills_in_decode(self, admitted: list[Sequence]) -> tuple[list[Sequence], list[Sequence]]:
+    def _prefills_in_decode(self, admitted: list[Sequence], decoding: int) -> tuple[list[Sequence], list[Sequence]]:
         """(prompts prefilled as rows of the decode step's graph, prompts prefilled in forwards of their own). With
         CUDA graphs a prompt joins the decode step while the rows fit the largest captured bucket: its prefill is
         then a graph replay instead of an eager forward (about 30 ms of kernel launches for SmolLM2 on an H200)."""
-        rows_left = self.runner.max_graph_rows - len(self.running)
+        rows_left = self.runner.max_graph_rows - decoding
         joining, apart = [], []
         for sequence in admitted:
             if sequence.prefill_len <= rows_left and not apart:  # first come, first prefilled
@@ -247,17 +372,21 @@ class Engine:
                 apart.append(sequence)
         return joining, apart
 
-    def _decode(self, joining: list[Sequence]) -> tuple[torch.Tensor | None, list[Sequence]]:
+    def _decode(
+        self, decoding: list[Sequence], joining: list[Sequence]
+    ) -> tuple[torch.Tensor | None, list[Sequence]]:
         """(the decode step's logits, or None with nothing decoding; the prompts it prefilled). When the forward
         with `joining` fails, the decode runs again without them, and they are left to forwards of their own (so a
         failure of theirs stays theirs). A failed forward of the batch alone is nobody's in particular: it stops
         the engine (see _run)."""
+        # The in-flight step's tokens, for the sequences fed from the device (only passed when there are some).
+        fed = {"fed": self.in_flight.tokens} if self.in_flight is not None else {}
         if joining:
             try:
-                return self.runner.decode(self.running, joining), joining
+                return self.runner.decode(decoding, joining, **fed), joining
             except Exception as exc:  # noqa: BLE001 - see above
                 log.warning("decode step with %d prompts failed (%s); they are prefilled apart", len(joining), exc)
-        return (self.runner.decode(self.running) if self.running else None), []
+        return (self.runner.decode(decoding, **fed) if decoding else None), []
 
     def _prompts_done(
         self, prefilled: list[Sequence], logits: torch.Tensor, decoding: int
@@ -334,6 +463,8 @@ class Engine:
     ) -> list[Step]:
         steps = []
         for row, sequence in enumerate(sequences):
+            if sequence.is_finished:  # ended by the in-flight step's tokens, read before this step was sampled
+                continue
             try:
                 steps.append(self._accept_row(sequence, logits[row], sampled[row], prefill))
             except Exception as exc:  # noqa: BLE001 - this request's own failure
@@ -341,7 +472,7 @@ class Engine:
         return steps
 
     def _accept_row(
-        self, sequence: Sequence, logits: torch.Tensor, sampled: tuple[int, float | None] | None, prefill: bool
+        self, sequence: Sequence, logits: torch.Tensor | None, sampled: tuple[int, float | None] | None, prefill: bool
     ) -> Step:
         if sampled is None:
             (token,), (log_prob,) = sample_next_tokens(logits[None], [sequence.sampling_state()])

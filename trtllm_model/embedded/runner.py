@@ -104,14 +104,18 @@ class ModelRunner:
         inputs = StepInputs(ids, positions, slots.reshape(-1), tables)
         return self._forward(self._on_device(inputs))
 
-    def decode(self, sequences: list[Sequence], prefills: list[Sequence] = ()) -> torch.Tensor:
+    def decode(
+        self, sequences: list[Sequence], prefills: list[Sequence] = (), fed: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """One forward of single-query rows: each decoding sequence's last token (its keys and values are not in the
         pool yet), then each token of `prefills`' chunks as a row of its own. A row writes its token's keys
         and values, then attends over its sequence's blocks up to its own position (within one forward every row
         writes before any row reads, so a prompt's rows see each other). `[len(sequences) + len(prefills), vocab]`
-        logits: the decoding rows', then each prefill chunk's last token's."""
+        logits: the decoding rows', then each prefill chunk's last token's.
+        A sequence with a token still on the device (`pending`, the engine's overlapped steps) is fed row
+        `device_row` of `fed`, the in-flight step's sampled tokens, without the host reading it."""
         block_size = self.pool.block_size
-        spans = [(len(s.token_ids) - 1, len(s.token_ids)) for s in sequences]
+        spans = [(s.num_tokens - 1, s.num_tokens) for s in sequences]
         spans += [(s.num_computed, s.prefill_end) for s in prefills]
         owners = [*sequences, *prefills]
         rows = sum(end - start for start, end in spans)
@@ -141,16 +145,25 @@ class ModelRunner:
         if prefills:
             last_rows = np.cumsum([end - start for start, end in spans]) - 1
             keep = torch.from_numpy(last_rows).to(self.device)
-        if not self.static_shapes:
-            logits = self._forward(self._on_device(inputs))
-        elif self.cuda_graphs:
+        inputs = self._static_copy(inputs) if self.static_shapes else self._on_device(inputs)
+        self._feed_device_tokens(inputs.input_ids, sequences, fed)
+        if self.cuda_graphs:
             # The graph's own output, which the next replay overwrites: indexing copies it, a slice would not.
-            logits = self._graph_logits(self._static_copy(inputs))
+            logits = self._graph_logits(inputs)
             if keep is None:
                 return logits[: len(sequences)].clone()
         else:
-            logits = self._forward(self._static_copy(inputs))
+            logits = self._forward(inputs)
         return logits[keep] if keep is not None else logits[: len(sequences)]
+
+    def _feed_device_tokens(self, input_ids: torch.Tensor, sequences: list[Sequence], fed: torch.Tensor | None) -> None:
+        """Write the pending sequences' tokens from `fed` (on the device) into their rows of `input_ids`."""
+        rows = [row for row, sequence in enumerate(sequences) if sequence.pending]
+        if not rows:
+            return
+        sources = torch.tensor([sequences[row].device_row for row in rows], dtype=torch.long)
+        targets = torch.tensor(rows, dtype=torch.long)
+        input_ids[targets.to(self.device, non_blocking=True), 0] = fed[sources.to(self.device, non_blocking=True)]
 
     def capture_decode_graphs(self, max_rows: int) -> int:
         """With `cuda_graphs`, capture every decode bucket up to `max_rows` rows (decoding sequences and prompt

@@ -160,7 +160,7 @@ def _draw(ids: torch.Tensor | None, probs: torch.Tensor, draws: torch.Tensor) ->
     return choice if ids is None else ids.gather(1, choice[:, None])[:, 0]
 
 
-def _sample_rows(logits: torch.Tensor, states: list[SamplingState]) -> tuple[list[int], list[float]]:
+def _sample_rows(logits: torch.Tensor, states: list[SamplingState]) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row, cut and drawn on the logits' device for the whole batch at once; with its log prob after
     temperature. Each row's one uniform draw comes from its own generator, so a seeded request draws the same
     whatever shares the batch."""
@@ -187,11 +187,10 @@ def _sample_rows(logits: torch.Tensor, states: list[SamplingState]) -> tuple[lis
             rows = torch.tensor(cut, device=device)[again]
             ids, probs, _ = _candidates(scaled[rows], [picked[i] for i in again], log_total[rows], scaled.shape[-1])
             tokens[rows] = _draw(ids, probs, draws[rows])
-    finite = torch.isfinite(log_total)
-    if not bool(finite.all()):  # no token allowed (replaced by the caller) or non-finite logits: a valid index
-        tokens = torch.where(finite, tokens, logits.argmax(-1))
+    finite = torch.isfinite(log_total)  # no token allowed (replaced by the caller) or non-finite logits: a valid index
+    tokens = torch.where(finite, tokens, logits.argmax(-1))
     log_probs = torch.where(finite, scaled.gather(1, tokens[:, None])[:, 0] - log_total, float("-inf"))
-    return tokens.tolist(), log_probs.tolist()
+    return tokens, log_probs
 
 
 def _rows(rows: list[int], count: int, device: torch.device) -> torch.Tensor | slice:
@@ -221,25 +220,36 @@ def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tup
         if banned_ids:  # one indexed write for the whole batch: per-row writes cost one kernel launch each on CUDA
             index = torch.tensor([banned_rows, banned_ids], dtype=torch.long, device=logits.device)
             logits[index[0], index[1]] = float("-inf")
-    sampling_rows = [row for row, state in enumerate(states) if not state.params.greedy]
-    # The greedy rows' answer (sampling rows are overwritten below); skipped when no row is greedy.
-    tokens = logits.argmax(-1).tolist() if len(sampling_rows) < len(states) else [0] * len(states)
+    tokens_on_device, log_probs_on_device = sample_on_device(logits, states)
+    tokens = tokens_on_device.tolist()
     log_probs: list[float | None] = [None] * len(states)
-    greedy_rows = [row for row, state in enumerate(states) if state.params.greedy and state.params.log_probs]
-    if greedy_rows:
-        index = torch.tensor(greedy_rows, device=logits.device)
-        chosen = torch.tensor([tokens[row] for row in greedy_rows], device=logits.device)
-        values = torch.log_softmax(logits[index], -1).gather(1, chosen[:, None])[:, 0].tolist()
-        for row, value in zip(greedy_rows, values):
-            log_probs[row] = value
-    if sampling_rows:
-        rows = _rows(sampling_rows, len(states), logits.device)
-        sampled, sampled_log_probs = _sample_rows(logits[rows], [states[row] for row in sampling_rows])
-        for row, token, log_prob in zip(sampling_rows, sampled, sampled_log_probs):
-            tokens[row] = token
-            if states[row].params.log_probs:
-                log_probs[row] = log_prob
+    if any(state.params.log_probs for state in states):
+        values = log_probs_on_device.tolist()
+        log_probs = [value if state.params.log_probs else None for value, state in zip(values, states)]
     if guided or changed:
         for row in (logits.amax(-1) == float("-inf")).nonzero()[:, 0].tolist():
             tokens[row], log_probs[row] = NO_ALLOWED_TOKEN, None
+    return tokens, log_probs
+
+
+def sample_on_device(logits: torch.Tensor, states: list[SamplingState]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, log probs) of `[rows, vocab]` float32 logits as tensors on the logits' device, without waiting for
+    the device (except for top-p rows whose first candidates hold too little): what the engine's overlapped step
+    feeds to the next step before the host reads it. Guides, penalties and bans are the caller's (they need the
+    host's view of the tokens so far). A row's log prob is meaningful only where its request asked for one."""
+    device = logits.device
+    sampling_rows = [row for row, state in enumerate(states) if not state.params.greedy]
+    # The greedy rows' answer (sampling rows are overwritten below); skipped when no row is greedy.
+    if len(sampling_rows) < len(states):
+        tokens = logits.argmax(-1)
+    else:
+        tokens = torch.zeros(len(states), dtype=torch.long, device=device)
+    log_probs = torch.zeros(len(states), dtype=logits.dtype, device=device)
+    greedy_rows = [row for row, state in enumerate(states) if state.params.greedy and state.params.log_probs]
+    if greedy_rows:
+        index = _rows(greedy_rows, len(states), device)
+        log_probs[index] = torch.log_softmax(logits[index], -1).gather(1, tokens[index][:, None])[:, 0]
+    if sampling_rows:
+        rows = _rows(sampling_rows, len(states), device)
+        tokens[rows], log_probs[rows] = _sample_rows(logits[rows], [states[row] for row in sampling_rows])
     return tokens, log_probs

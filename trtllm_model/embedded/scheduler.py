@@ -51,7 +51,7 @@ class Scheduler:
         pending = deque(running)
         while pending:
             sequence = pending.popleft()
-            while not self.blocks.grow(sequence.blocks, len(sequence.token_ids)):
+            while not self.blocks.grow(sequence.blocks, sequence.num_tokens):
                 victim = self.prefilling.pop() if self.prefilling else pending.pop() if pending else sequence
                 self._preempt(victim)
                 if victim is sequence:

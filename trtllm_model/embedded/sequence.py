@@ -44,6 +44,10 @@ class Sequence:
     prefill_end: int = 0  # while prefilling: num_computed once this step's chunk is computed
     guide: Any = None  # xgrammar GrammarMatcher of a guided request (set by the executor at enqueue)
     cache_salt: str | None = None  # shares cached blocks only with sequences of the same salt
+    # Overlapped steps (engine.py): tokens sampled on the device that the host has not read yet, and the row of the
+    # newest one in the in-flight step's sampled tokens (what the next step feeds this sequence).
+    pending: int = 0
+    device_row: int = 0
 
     @classmethod
     def from_request(
@@ -83,8 +87,21 @@ class Sequence:
         return self.prefill_end - self.num_computed
 
     @property
-    def last_token(self) -> int:
-        return self.token_ids[-1]
+    def num_tokens(self) -> int:
+        """Its tokens, those sampled on the device but not read by the host yet included."""
+        return len(self.token_ids) + self.pending
+
+    @property
+    def overlappable(self) -> bool:
+        """Whether its next token may be sampled before the host has read its last one: nothing in its sampling reads
+        the tokens so far (no guide, penalty, ban or min_tokens) and no logits go back to the client."""
+        return (self.guide is None and not self.sampling.changes_logits and not self.want_generation_logits
+                and not self.want_context_logits)
+
+    def ends_once_read(self, max_positions: int) -> bool:
+        """Whether the tokens on the device already end it by length (so the next step need not feed it)."""
+        return bool(self.pending) and (self.num_output + self.pending >= self.max_tokens
+                                       or self.num_tokens >= max_positions)
 
     @property
     def is_finished(self) -> bool:

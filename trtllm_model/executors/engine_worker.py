@@ -187,8 +187,9 @@ def build_engine(spec: EngineSpec):
         fraction = spec.kv_cache_free_gpu_mem_fraction
         memory = default_kv_cache_bytes(runner.device, DEFAULT_FREE_GPU_MEM_FRACTION if fraction is None else fraction)
     budget = KvBudget(memory, runner.kv_bytes_per_token)
+    overlap = runner.device.type == "cuda" if spec.overlap_steps is None else spec.overlap_steps
     engine = Engine(runner, EngineConfig(spec.max_batch_size, spec.max_num_tokens, budget, spec.stats_max_iterations,
-                                         spec.enable_kv_cache_reuse, spec.prefill_stall_factor))
+                                         spec.enable_kv_cache_reuse, spec.prefill_stall_factor, overlap))
     eos = getattr(getattr(loaded.model, "generation_config", None), "eos_token_id", None)
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None

@@ -37,6 +37,10 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   prefill_stall_factor  a step that prefills a prompt chunk beside decoding streams takes at most this many times a
                    decode-only step (default 4 on CPU; 0 = off, the default on CUDA): the chunk size is steered
                    by the engine's own step times (embedded/step_budget.py; docs/performance.md has the trade-off)
+  overlap_steps    true (the default on CUDA): the engine launches each step before the host has read the last
+                   step's tokens (they are fed on the device), so the host's work of a step runs while the device
+                   computes; requests with a guide, penalties, bans, min_tokens or logits to return are stepped
+                   one at a time whenever they run. false: every step waits for its tokens. Ignored on CPU
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
 
@@ -91,7 +95,7 @@ log = logging.getLogger(__name__)
 PARAMETERS = frozenset(
     {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes",
      "engine_process", "enable_kv_cache_reuse", "cuda_graphs", "max_guide_bytes", "guide_compile_timeout_s",
-     "engine_heartbeat_timeout_s", "prefill_stall_factor"}
+     "engine_heartbeat_timeout_s", "prefill_stall_factor", "overlap_steps"}
 )
 
 DEFAULT_MAX_BATCH_SIZE = 64
@@ -123,13 +127,15 @@ class TransformersExecutor(Executor):
         kv_block_size: int = DEFAULT_BLOCK_SIZE,
         cuda_graphs: bool = True,
         prefill_stall_factor: float = 0.0,
+        overlap_steps: bool | None = None,
     ) -> None:
-        """The engine on a thread of this process."""
+        """The engine on a thread of this process (`overlap_steps` None: on CUDA only)."""
         self.runner = ModelRunner(model, cuda_graphs=cuda_graphs)
         memory = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else default_kv_cache_bytes(self.runner.device)
         budget = KvBudget(memory, self.runner.kv_bytes_per_token, kv_block_size)
+        overlap = self.runner.device.type == "cuda" if overlap_steps is None else overlap_steps
         engine = Engine(self.runner, EngineConfig(max_batch_size, max_num_tokens, budget, stats_max_iterations,
-                                                  enable_kv_cache_reuse, prefill_stall_factor))
+                                                  enable_kv_cache_reuse, prefill_stall_factor, overlap))
         self._start(engine, tokenizer, self.runner.vocab_size, self.runner.max_positions, budget,
                     _end_id_of(model, tokenizer), max_batch_size, max_num_tokens, max_input_len, max_output_len,
                     max_queue_size)
@@ -316,6 +322,7 @@ def create(params: Params) -> Executor:
     # the engine keeps its full budget until the bound is measured there.
     stall_factor = params.float("prefill_stall_factor", DEFAULT_CPU_STALL_FACTOR if device == "cpu" else 0.0,
                                 minimum=0.0)
+    overlap = params.bool("overlap_steps", True) and device != "cpu"
     guide_limits = (params.int("max_guide_bytes", DEFAULT_MAX_GUIDE_BYTES, minimum=1),
                     params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001))
     # On CUDA the worker process frees the engine's steps from the stub's GIL (the point of issue 24); on a small CPU
@@ -328,7 +335,7 @@ def create(params: Params) -> Executor:
             kv_cache_free_gpu_mem_fraction=fraction, stats_max_iterations=stats_max_iterations,
             enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
             cuda_graphs=params.bool("cuda_graphs", True), guide_compile_timeout_s=guide_limits[1],
-            prefill_stall_factor=stall_factor,
+            prefill_stall_factor=stall_factor, overlap_steps=overlap,
         )
         executor = TransformersExecutor.in_worker_process(
             spec,
@@ -368,6 +375,7 @@ def create(params: Params) -> Executor:
         enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
         cuda_graphs=params.bool("cuda_graphs", True),
         prefill_stall_factor=stall_factor,
+        overlap_steps=overlap,
     ), guide_limits)
 
 
