@@ -100,6 +100,7 @@ class Engine:
         self.running: list[Sequence] = []
         self.in_flight: StepInFlight | None = None  # with overlap_steps: the last step, its tokens not read yet
         self._host_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # two (tokens, log probs), in turn
+        self._launches = 0  # overlapped steps launched: whose turn the host buffers are
         self.iteration = 0
         self.phase_seconds: dict[str, float] = {}  # engine thread's time per phase of its iterations, summed
 
@@ -221,6 +222,7 @@ class Engine:
         # "accept" takes the previous step's tokens while this one runs, and "sample" only launches the sampling.
         started = time.monotonic()
         lap = time.perf_counter()
+        launches_before = self._launches
         for sequence in incoming:
             self.scheduler.add(sequence)
         self._publish(self._end_cancelled_and_expired(cancels, started))
@@ -262,8 +264,8 @@ class Engine:
                 self.running.extend(done)
                 self._publish(steps)
                 lap = self._lap("accept", lap)
-        elif self.in_flight is not None:  # nothing to launch: the last step's tokens are all that is left
-            self._read_in_flight()
+        if self.in_flight is not None and self._launches == launches_before:
+            self._read_in_flight()  # nothing launched this iteration: the last step's tokens are all that is left
         for group in prefill_groups(admitted):
             self._prefill(group)
         self._release_finished()
@@ -306,13 +308,14 @@ class Engine:
         for row, sequence in enumerate(rows):
             sequence.pending += 1
             sequence.device_row = row
+        self._launches += 1
         return StepInFlight(rows, decoding, tokens, host_tokens, host_log_probs, ready)
 
     def _host_buffer(self, rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Host tensors for a step's tokens and log probs, two sets used in turn (one is read while the other fills);
         pinned on CUDA so the copies do not wait for the device."""
         pinned = self.runner.device.type == "cuda"
-        turn = self.iteration % 2
+        turn = self._launches % 2  # the in-flight step (unread) holds the other
         while len(self._host_buffers) <= turn or self._host_buffers[turn][0].numel() < rows:
             size = max(rows, self.config.max_batch_size)
             buffers = (torch.empty(size, dtype=torch.long, pin_memory=pinned),
