@@ -171,3 +171,17 @@ def test_overlapped_steps_on_the_graphs_static_inputs_give_the_same_tokens(loade
         assert_pool_empty(folded)
     finally:
         folded.shutdown()
+
+
+def test_min_tokens_holds_on_the_device_with_overlapped_steps(plain, overlapped):
+    base = [GenerationRequest(input_ids=[1, 700 + i, 15], max_tokens=12) for i in range(3)]
+    reference = [outcome(steps) for steps in run_all(plain, base)]
+    # Each request's own second token as its end id, banned until it has 8 outputs.
+    requests = [GenerationRequest(input_ids=request.input_ids, max_tokens=12, min_tokens=8, end_id=tokens[1])
+                for request, (tokens, *_) in zip(base, reference) if len(tokens) > 1]
+    expected = [outcome(steps) for steps in run_all(plain, requests)]
+    assert all(len(tokens) >= 8 for tokens, *_ in expected)
+    with counting_fed_steps(overlapped) as counts:
+        assert_same(run_all(overlapped, requests), expected)
+    assert counts["fed"] > 0
+    assert_pool_empty(overlapped)

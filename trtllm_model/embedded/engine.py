@@ -13,7 +13,7 @@ Overlapped steps (`overlap_steps`, the default on CUDA): a step's tokens are sam
 next step from there, so the engine launches step n+1 before it reads step n's tokens, and builds inputs and accepts
 tokens while the device computes (as vLLM's async scheduling and SGLang's overlap scheduler do). A row fed after its
 request ended on a token not yet read is computed for nothing and dropped. Requests whose sampling reads their
-tokens so far (guides, penalties, bans, min_tokens) or that return logits are stepped plainly: the in-flight
+tokens so far (guides, bias, penalties, bad words) or that return logits are stepped plainly: the in-flight
 step's tokens are read first. So is a step that might have to preempt (a preempted sequence's unread token, and
 its seeded draw, would be lost).
 
@@ -41,10 +41,11 @@ from ..executor_interface import FinishReason, IterationStats, KvCacheStats, Ste
 from .block_manager import BlockManager
 from .kv_budget import KvBudget
 from .runner import ModelRunner
-from .sampling import NO_ALLOWED_TOKEN, sample_next_tokens, sample_on_device
+from .sampling import NO_ALLOWED_TOKEN, ban_early_end_ids, sample_next_tokens, sample_on_device
 from .scheduler import Scheduler, SchedulerLimits, prefill_groups
 from .sequence import Sequence
 from .step_budget import StepBudget
+from .transfers import to_device
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +295,9 @@ class Engine:
         if not all(sequence.overlappable for sequence in rows):
             return None
         try:
-            tokens, log_probs = sample_on_device(logits, [sequence.sampling_state() for sequence in rows])
+            states = [sequence.sampling_state() for sequence in rows]
+            ban_early_end_ids(logits, states)
+            tokens, log_probs = sample_on_device(logits, states)
             host_tokens, host_log_probs = self._host_buffer(len(rows), log_probs.dtype)
             host_tokens.copy_(tokens, non_blocking=True)
             host_log_probs.copy_(log_probs, non_blocking=True)
@@ -405,7 +408,7 @@ class Engine:
         if len(done) < len(prefilled):
             complete = [s.num_computed == len(s.token_ids) for s in prefilled]
             rows = [*range(decoding), *(decoding + i for i, ends in enumerate(complete) if ends)]
-            logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+            logits = logits[to_device(rows, logits.device, torch.long)]
         return logits, done
 
     def _end_cancelled_and_expired(self, cancels: set[int], now: float) -> list[Step]:

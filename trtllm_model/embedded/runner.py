@@ -22,6 +22,7 @@ from .block_manager import TRASH_BLOCK
 from .kv_cache import KvBlockPool, PagedCache, StepInputs
 from .model_patches import use_fused_rms_norm, use_grouped_decode_attention
 from .sequence import Sequence
+from .transfers import to_device
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class ModelRunner:
         keep = None  # logits rows to return, when prefill rows are among them
         if prefills:
             last_rows = np.cumsum([end - start for start, end in spans]) - 1
-            keep = torch.from_numpy(last_rows).to(self.device)
+            keep = to_device(torch.from_numpy(last_rows), self.device)
         inputs = self._static_copy(inputs) if self.static_shapes else self._on_device(inputs)
         self._feed_device_tokens(inputs.input_ids, sequences, fed)
         if self.cuda_graphs:
@@ -161,9 +162,8 @@ class ModelRunner:
         rows = [row for row, sequence in enumerate(sequences) if sequence.pending]
         if not rows:
             return
-        sources = torch.tensor([sequences[row].device_row for row in rows], dtype=torch.long)
-        targets = torch.tensor(rows, dtype=torch.long)
-        input_ids[targets.to(self.device, non_blocking=True), 0] = fed[sources.to(self.device, non_blocking=True)]
+        sources = to_device([sequences[row].device_row for row in rows], self.device, torch.long)
+        input_ids[to_device(rows, self.device, torch.long), 0] = fed[sources]
 
     def capture_decode_graphs(self, max_rows: int) -> int:
         """With `cuda_graphs`, capture every decode bucket up to `max_rows` rows (decoding sequences and prompt
@@ -229,7 +229,7 @@ class ModelRunner:
     def _on_device(self, inputs: StepInputs) -> StepInputs:
         if self.device.type == "cpu":
             return inputs
-        return StepInputs(*(tensor.to(self.device, non_blocking=True) for tensor in _fields(inputs)))
+        return StepInputs(*(to_device(tensor, self.device) for tensor in _fields(inputs)))
 
     def _static_copy(self, inputs: StepInputs) -> StepInputs:
         """The bucket's own tensors, filled in place (same addresses every step of that bucket)."""
@@ -239,7 +239,7 @@ class ModelRunner:
             static = StepInputs(*(torch.empty_like(tensor, device=self.device) for tensor in _fields(inputs)))
             self._static_inputs[key] = static
         for target, source in zip(_fields(static), _fields(inputs)):
-            target.copy_(source, non_blocking=True)
+            target.copy_(source.pin_memory() if self.device.type == "cuda" else source, non_blocking=True)
         return static
 
 

@@ -20,6 +20,7 @@ import torch
 
 from ..executor_interface import GenerationRequest
 from .guided import mask_guided_logits
+from .transfers import to_device
 
 # The token of a row that allows none (every token banned, biased to -inf or outside its guide).
 NO_ALLOWED_TOKEN = -1
@@ -71,7 +72,8 @@ class SamplingParams:
         )
 
     @property
-    def changes_logits(self) -> bool:
+    def processed_on_host(self) -> bool:
+        """Bias, penalties or bad words: applied row by row from the host's view of the tokens so far."""
         return (
             self.embedding_bias is not None
             or self.repetition_penalty != 1.0
@@ -79,8 +81,11 @@ class SamplingParams:
             or self.frequency_penalty != 0.0
             or bool(self.banned_tokens)
             or bool(self.bad_sequences)
-            or self.min_tokens > 0
         )
+
+    @property
+    def changes_logits(self) -> bool:
+        return self.processed_on_host or self.min_tokens > 0
 
 
 @dataclass(slots=True)
@@ -110,6 +115,16 @@ def banned_next_tokens(state: SamplingState) -> list[int]:
     return banned
 
 
+def ban_early_end_ids(logits: torch.Tensor, states: list[SamplingState]) -> None:
+    """In place, without waiting for the device: each unguided row's end id while it has fewer than min_tokens
+    outputs (what `banned_next_tokens` bans for min_tokens, for rows sampled by `sample_on_device` alone)."""
+    rows = [row for row, state in enumerate(states)
+            if state.end_id is not None and state.guide is None and state.num_output < state.params.min_tokens]
+    if rows:
+        index = to_device([rows, [states[row].end_id for row in rows]], logits.device, torch.long)
+        logits[index[0], index[1]] = float("-inf")
+
+
 def _apply_penalties(row: torch.Tensor, state: SamplingState) -> None:
     """In place on one row of logits (bans are applied for all rows at once by the caller)."""
     params = state.params
@@ -134,10 +149,10 @@ def _candidates(scaled: torch.Tensor, params: list[SamplingParams], log_total: t
     else:
         values, ids = torch.topk(scaled, count, dim=-1)
     device = scaled.device
-    top_p = torch.tensor([p.top_p for p in params], device=device)
-    cut_by_k = torch.tensor([bool(p.top_k) for p in params], device=device)
-    in_top_k = torch.arange(values.shape[-1], device=device)[None, :] < torch.tensor(
-        [p.top_k or values.shape[-1] for p in params], device=device)[:, None]
+    top_p = to_device([p.top_p for p in params], device)
+    cut_by_k = to_device([bool(p.top_k) for p in params], device)
+    in_top_k = torch.arange(values.shape[-1], device=device)[None, :] < to_device(
+        [p.top_k or values.shape[-1] for p in params], device)[:, None]
     # Within top-k, top-p applies to the renormalised distribution (as in Hugging Face); alone, to the full one.
     kept_values = values.masked_fill(~in_top_k, float("-inf"))
     norm = torch.where(cut_by_k, torch.logsumexp(kept_values, -1), log_total)
@@ -166,10 +181,10 @@ def _sample_rows(logits: torch.Tensor, states: list[SamplingState]) -> tuple[tor
     whatever shares the batch."""
     params = [state.params for state in states]
     device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
+    temperature = to_device([p.temperature for p in params], device, logits.dtype)
     scaled = logits / temperature[:, None]
     log_total = torch.logsumexp(scaled, -1)
-    draws = torch.tensor([state.generator.random() for state in states], dtype=torch.float64, device=device)
+    draws = to_device([state.generator.random() for state in states], device, torch.float64)
     tokens = torch.empty(len(states), dtype=torch.long, device=device)
     uncut = [row for row, p in enumerate(params) if not p.top_k and p.top_p >= 1.0]
     cut = [row for row, p in enumerate(params) if p.top_k or p.top_p < 1.0]
@@ -184,7 +199,7 @@ def _sample_rows(logits: torch.Tensor, states: list[SamplingState]) -> tuple[tor
         tokens[rows] = _draw(ids, probs, draws[rows])
         if bool(short.any()):  # top-p rows that need more than the candidates: every token, sorted
             again = short.nonzero()[:, 0].tolist()
-            rows = torch.tensor(cut, device=device)[again]
+            rows = to_device(cut, device)[again]
             ids, probs, _ = _candidates(scaled[rows], [picked[i] for i in again], log_total[rows], scaled.shape[-1])
             tokens[rows] = _draw(ids, probs, draws[rows])
     finite = torch.isfinite(log_total)  # no token allowed (replaced by the caller) or non-finite logits: a valid index
@@ -195,7 +210,7 @@ def _sample_rows(logits: torch.Tensor, states: list[SamplingState]) -> tuple[tor
 
 def _rows(rows: list[int], count: int, device: torch.device) -> torch.Tensor | slice:
     """An index of `rows` out of `count`; all of them: a slice, which indexes without copying."""
-    return slice(None) if len(rows) == count else torch.tensor(rows, device=device)
+    return slice(None) if len(rows) == count else to_device(rows, device)
 
 
 def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tuple[list[int], list[float | None]]:
@@ -218,7 +233,7 @@ def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tup
                 banned_rows += [row] * len(banned)
                 banned_ids += banned
         if banned_ids:  # one indexed write for the whole batch: per-row writes cost one kernel launch each on CUDA
-            index = torch.tensor([banned_rows, banned_ids], dtype=torch.long, device=logits.device)
+            index = to_device([banned_rows, banned_ids], logits.device, torch.long)
             logits[index[0], index[1]] = float("-inf")
     tokens_on_device, log_probs_on_device = sample_on_device(logits, states)
     tokens = tokens_on_device.tolist()

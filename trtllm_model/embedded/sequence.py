@@ -94,8 +94,9 @@ class Sequence:
     @property
     def overlappable(self) -> bool:
         """Whether its next token may be sampled before the host has read its last one: nothing in its sampling reads
-        the tokens so far (no guide, penalty, ban or min_tokens) and no logits go back to the client."""
-        return (self.guide is None and not self.sampling.changes_logits and not self.want_generation_logits
+        the tokens so far (no guide, bias, penalty or bad word; min_tokens needs only their count) and no logits go
+        back to the client."""
+        return (self.guide is None and not self.sampling.processed_on_host and not self.want_generation_logits
                 and not self.want_context_logits)
 
     def ends_once_read(self, max_positions: int) -> bool:
@@ -113,7 +114,7 @@ class Sequence:
             generator=self.generator,
             token_ids=self.token_ids,
             output_counts=self.output_counts,
-            num_output=self.num_output,
+            num_output=self.num_output + self.pending,  # what it will have once the host reads them
             end_id=self.end_id,
             guide=self.guide,
         )

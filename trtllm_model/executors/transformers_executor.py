@@ -39,7 +39,7 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    by the engine's own step times (embedded/step_budget.py; docs/performance.md has the trade-off)
   overlap_steps    true (the default on CUDA): the engine launches each step before the host has read the last
                    step's tokens (they are fed on the device), so the host's work of a step runs while the device
-                   computes; requests with a guide, penalties, bans, min_tokens or logits to return are stepped
+                   computes; requests with a guide, bias, penalties, bad words or logits to return are stepped
                    one at a time whenever they run. false: every step waits for its tokens. Ignored on CPU
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
