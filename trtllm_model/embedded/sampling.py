@@ -122,7 +122,9 @@ def ban_early_end_ids(logits: torch.Tensor, states: list[SamplingState]) -> None
             if state.end_id is not None and state.guide is None and state.num_output < state.params.min_tokens]
     if rows:
         index = to_device([rows, [states[row].end_id for row in rows]], logits.device, torch.long)
-        logits[index[0], index[1]] = float("-inf")
+        # Values made on the device: a Python scalar here is copied from the host and waits (measured on an H200).
+        banned = torch.full((len(rows),), float("-inf"), dtype=logits.dtype, device=logits.device)
+        logits.index_put_((index[0], index[1]), banned)
 
 
 def _apply_penalties(row: torch.Tensor, state: SamplingState) -> None:
