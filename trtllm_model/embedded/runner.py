@@ -6,6 +6,9 @@ table width, powers of two) and its inputs are copied in place into tensors kept
 addresses a CUDA graph of the decode step replays. With `cuda_graphs` (CUDA and static shapes only) each bucket's
 decode forward is captured on its first use (after a warm-up on a side stream; the buckets share one private memory
 pool) and replayed after, the logits read from the graph's static output.
+
+A decode step may feed some rows a token that is still on the device (the engine's overlapped steps). Without
+static shapes (the CPU), rows whose block tables differ a lot go in separate forwards (`width_groups`).
 """
 
 from __future__ import annotations
