@@ -155,10 +155,12 @@ def worker_server(tmp_path_factory):
     server.stop()
 
 
-def slow_schema(max_length: int) -> str:
-    """Passes the guide checks and compiles in 2 to 15 s on 2 shared cores (a distinct guide per max_length)."""
-    return json.dumps({"type": "object", "properties": {"note": {"type": "string", "maxLength": max_length}},
-                       "required": ["note"]})
+def slow_schema(max_length: int, properties: int = 1) -> str:
+    """Passes the guide checks and compiles in about 1.4 s a property on 2 quiet cores, longer under load (a distinct
+    guide per max_length)."""
+    names = ["note", *(f"note{i}" for i in range(1, properties))]
+    return json.dumps({"type": "object", "properties": {name: {"type": "string", "maxLength": max_length}
+                                                        for name in names}, "required": names})
 
 
 def refused_in(server, guide: str) -> float:
@@ -175,14 +177,16 @@ def refused_in(server, guide: str) -> float:
 def test_in_the_worker_unguided_requests_are_answered_while_a_slow_guide_compiles(worker_server):
     client = StreamClient(worker_server.grpc_url)
     try:
-        guided = client.send("tensorrt_llm", token_inputs([1, 2, 3], 4, **guide_inputs("json_schema",
-                                                                                      slow_schema(301))), "g")
+        # Three properties: about 4 s of compilation, so the requests below end well within it on a loaded machine.
+        guide = slow_schema(301, properties=3)
+        guided = client.send("tensorrt_llm", token_inputs([1, 2, 3], 4, **guide_inputs("json_schema", guide)), "g")
         time.sleep(0.2)  # it reaches the worker's compiler first
-        for i in range(3):
-            result = stream_once(worker_server.grpc_url, "tensorrt_llm", token_inputs([1, 504, 3575 + i], 2))
+        unguided = [client.send("tensorrt_llm", token_inputs([1, 504, 3575 + i], 2), f"u{i}") for i in range(3)]
+        for result in unguided:
+            result.wait(30)
             assert result.errors == [] and result.finals == 1 and len(result.tokens()) == 2
         # The compilation is still under way after those three: a resend waits the whole second for it.
-        assert refused_in(worker_server, slow_schema(301)) >= 0.8
+        assert refused_in(worker_server, guide) >= 0.8
         guided.wait(30)
         assert guided.errors and "guide_compile_timeout_s=1 s" in guided.errors[0]
     finally:
