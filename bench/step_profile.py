@@ -56,8 +56,8 @@ def run_round(executor: TransformersExecutor, prompts: list[list[int]], max_toke
     return tokens, time.monotonic() - begin
 
 
-def kernel_summary(profiler: torch.profiler.profile, iterations: int, top: int) -> tuple[float, list[dict]]:
-    """GPU milliseconds per iteration in all kernels, and the `top` kernels by time."""
+def kernel_summary(profiler: torch.profiler.profile, iterations: int, top: int) -> tuple[float, float, list[dict]]:
+    """GPU milliseconds per iteration in all kernels, kernels launched per iteration, and the `top` kernels by time."""
     kernels: dict[str, list[float]] = {}
     for event in profiler.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
@@ -65,8 +65,9 @@ def kernel_summary(profiler: torch.profiler.profile, iterations: int, top: int) 
             entry[0] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
             entry[1] += 1
     total_us = sum(entry[0] for entry in kernels.values())
+    launched = sum(entry[1] for entry in kernels.values())
     ranked = sorted(kernels.items(), key=lambda item: -item[1][0])[:top]
-    return total_us / 1000.0 / iterations, [
+    return total_us / 1000.0 / iterations, launched / iterations, [
         {"kernel": name[:90], "ms_per_iteration": us / 1000.0 / iterations, "calls_per_iteration": calls / iterations}
         for name, (us, calls) in ranked
     ]
@@ -85,6 +86,8 @@ def main() -> None:
                         help="sampled requests (temperature 0.8, top_p 0.95, each its own seed) instead of greedy")
     parser.add_argument("--attention", choices=["grouped", "sdpa"], default="grouped",
                         help="decode attention: the engine's grouped-query function (default) or transformers' SDPA")
+    parser.add_argument("--fused-decode", action=argparse.BooleanOptionalAction, default=None,
+                        help="decode steps as embedded/fused_decode.py's compiled pieces (default: on CUDA only)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--top", type=int, default=8, help="kernels listed per level")
     parser.add_argument("--results-dir", default=None)
@@ -104,7 +107,7 @@ def main() -> None:
     results = []
     with torch.inference_mode():
         executor = TransformersExecutor(model, None, max_batch_size=max(levels), max_num_tokens=16384,
-                                        cuda_graphs=not args.eager)
+                                        cuda_graphs=not args.eager, fused_decode=args.fused_decode)
         engine = executor.engine
         if args.attention == "sdpa":
             model.config._attn_implementation = "sdpa"
@@ -130,10 +133,11 @@ def main() -> None:
                     },
                 }
                 if cuda:
-                    row["gpu_ms_per_iteration"], row["top_kernels"] = kernel_summary(profiler, iterations, args.top)
+                    row["gpu_ms_per_iteration"], row["kernels_per_iteration"], row["top_kernels"] = kernel_summary(profiler, iterations, args.top)
                 results.append(row)
                 phases = ", ".join(f"{phase} {ms:.2f}" for phase, ms in row["phase_ms_per_iteration"].items())
-                gpu = f", GPU kernels {row['gpu_ms_per_iteration']:.2f} ms" if cuda else ""
+                gpu = (f", GPU kernels {row['gpu_ms_per_iteration']:.2f} ms ({row['kernels_per_iteration']:.0f} launched)"
+                       if cuda else "")
                 print(f"{level:>4} in flight: {row['tokens_per_s']:>9.1f} tok/s, {row['ms_per_iteration']:.2f} ms per "
                       f"iteration ({iterations}){gpu}; engine thread ms: {phases}", flush=True)
                 for kernel in row.get("top_kernels", []):

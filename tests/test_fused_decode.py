@@ -1,0 +1,124 @@
+"""Fused decode steps (issue 33 item 2, embedded/fused_decode.py), on CPU: a decode step run as the fused pieces gives
+the greedy tokens and log probs of transformers' own forward, for SmolLM2 with and without the graphs' bucketed
+static inputs (padding rows, prompts prefilled as rows of the step); compiled by inductor, the pieces trace whole,
+match their uncompiled selves, and one graph serves every layer. Only plain Llama layers are taken."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from trtllm_model.embedded import fused_decode
+from trtllm_model.embedded.fused_decode import FusedDecode
+from trtllm_model.embedded.model_loading import load_model
+from trtllm_model.executor_interface import GenerationRequest, Step
+from trtllm_model.executors.transformers_executor import TransformersExecutor
+
+QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Why is the sky blue?",
+             "List three primary colors.", "Name a famous painting."]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    torch.set_num_threads(2)
+    return load_model()
+
+
+def tiny_llama(layers: int, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **overrides)
+    return LlamaForCausalLM(config).eval()
+
+
+def answers(executor: TransformersExecutor, prompts: list[list[int]], max_tokens: int) -> list[tuple]:
+    """Greedy answers with log probs; two prompts go first, the rest once those two decode (prefills meet decoding
+    rows)."""
+    requests = [GenerationRequest(input_ids=p, max_tokens=max_tokens, min_tokens=max_tokens, return_log_probs=True)
+                for p in prompts]
+    ids = [executor.enqueue(request) for request in requests[:2]]
+    steps: dict[int, list[Step]] = {request_id: [] for request_id in ids}
+    deadline = time.monotonic() + 300
+    while not all(s and s[-1].is_final for s in steps.values()):
+        assert time.monotonic() < deadline, "requests did not finish in time"
+        if len(ids) == 2 and all(steps[request_id] for request_id in ids):
+            ids += [executor.enqueue(request) for request in requests[2:]]
+            steps.update({request_id: [] for request_id in ids[2:]})
+        for step in executor.await_steps(1.0):
+            steps[step.request_id].append(step)
+    runs = [steps[request_id] for request_id in ids]
+    assert len(runs) == len(prompts) and all(s[-1].error is None for s in runs)
+    return [([t for s in run for t in s.token_ids], [p for s in run for p in s.log_probs]) for run in runs]
+
+
+def run_with(model: torch.nn.Module, tokenizer, prompts: list[list[int]], max_tokens: int,
+             fused: FusedDecode | None, static_shapes: bool = False) -> tuple[list[tuple], int]:
+    """The answers, and how many decode forwards the fused pieces ran."""
+    executor = TransformersExecutor(model, tokenizer, max_batch_size=8, fused_decode=False)
+    runner = executor.runner
+    if static_shapes:
+        runner.static_shapes, runner.max_graph_rows = True, 256  # as after capture_decode_graphs on CUDA
+    calls = [0]
+    if fused is not None:
+        def counting(inputs, pool):
+            calls[0] += 1
+            return fused(inputs, pool)
+        runner.fused_decode = counting
+    try:
+        return answers(executor, prompts, max_tokens), calls[0]
+    finally:
+        executor.shutdown()
+
+
+def assert_same_answers(got: list[tuple], expected: list[tuple], tolerance: float) -> None:
+    for (tokens, log_probs), (expected_tokens, expected_log_probs) in zip(got, expected):
+        assert tokens == expected_tokens
+        assert max(abs(a - b) for a, b in zip(log_probs, expected_log_probs)) < tolerance
+
+
+@pytest.mark.parametrize("static_shapes", [False, True], ids=["rows as they are", "bucketed like the graphs"])
+def test_fused_steps_give_the_tokens_and_log_probs_of_transformers_forward(loaded, static_shapes):
+    template = loaded.tokenizer.apply_chat_template
+    prompts = [loaded.tokenizer.encode(template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                tokenize=False)) for q in QUESTIONS]
+    expected, _ = run_with(loaded.model, loaded.tokenizer, prompts, 16, None, static_shapes)
+    got, calls = run_with(loaded.model, loaded.tokenizer, prompts, 16, FusedDecode(loaded.model, compile=False),
+                          static_shapes)
+    assert calls >= 15
+    assert_same_answers(got, expected, 1e-4)
+
+
+def test_compiled_pieces_trace_whole_match_their_uncompiled_selves_and_serve_every_layer():
+    """Inductor on CPU (C++); a graph break would raise (fullgraph). A 2-layer and a 4-layer model compile the same
+    number of graphs: the layers' weights are arguments, not guards."""
+    prompts = [[5 + 7 * i + j for j in range(3 + 4 * i)] for i in range(4)]
+    graphs = []
+    for layers in (2, 4):
+        model = tiny_llama(layers)
+        expected, _ = run_with(model, None, prompts, 6, FusedDecode(model, compile=False))
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        got, calls = run_with(model, None, prompts, 6, FusedDecode(model, compile=True))
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        assert calls >= 5
+        assert_same_answers(got, expected, 1e-4)
+    assert graphs[0] == graphs[1] > 0, graphs
+
+
+def test_only_plain_llama_layers_are_fused(loaded):
+    assert fused_decode.supports(loaded.model)
+    assert fused_decode.supports(tiny_llama(1))
+    assert not fused_decode.supports(tiny_llama(1, attention_bias=True))
+    assert not fused_decode.supports(tiny_llama(1, mlp_bias=True))
+    assert not fused_decode.supports(tiny_llama(1, hidden_act="gelu"))
+
+
+def test_the_runner_fuses_on_cuda_only_unless_asked(loaded):
+    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=2)
+    try:
+        assert executor.runner.fused_decode is None  # CPU: transformers' forward
+    finally:
+        executor.shutdown()

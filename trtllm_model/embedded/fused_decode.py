@@ -1,0 +1,158 @@
+"""A decode forward of a Llama-family model (SmolLM2) in few kernels, for the runner's single-query rows.
+
+transformers' forward launches about 46 kernels a layer for a decode step (1,400 for SmolLM2's 30 layers, measured
+on an H200 with `bench/step_profile.py`): separate q, k and v projections, six for each rotary embedding, a mask
+conversion in every attention, unfused residual adds. At small batches a step costs what its kernels' launches and
+tails cost, not what they compute. Here a layer is:
+
+- the paged attention, eager: write the row's key and value to its slot, gather its blocks, SDPA (5 kernels);
+- everything from one attention's output to the next attention's query, key and value, as one `torch.compile`d
+  function (inductor): output projection, residual add and RMSNorm fused, gate and up in one GEMM, SiLU and product
+  fused, down projection, the next layer's add and norm fused, one qkv GEMM, the rotary embedding fused.
+
+The compiled function takes the layer's weights as arguments, so one graph serves every layer (a few compiles in
+all: the first shape, then shapes made dynamic, then one row). The merged qkv and gate/up weights are copies made
+once. The step's attention mask is made once, not per layer. Within a CUDA graph capture nothing compiles: the
+runner's warm-up runs each bucket's shape first.
+
+Only plain Llama layers are taken (`supports`); anything else keeps transformers' forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import KvBlockPool, StepInputs
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [q; k; v] rows of the three projections
+    output: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [gate; up]
+    down: torch.Tensor
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """A LlamaForCausalLM with bias-free projections, SiLU MLPs and one weight per projection."""
+    config = model.config
+    return (
+        getattr(config, "model_type", None) == "llama"
+        and not getattr(config, "attention_bias", False)
+        and not getattr(config, "mlp_bias", False)
+        and getattr(config, "hidden_act", None) == "silu"
+        and getattr(config, "pretraining_tp", 1) == 1
+        and hasattr(model, "lm_head")
+        and all(
+            layer.self_attn.q_proj.bias is None and layer.mlp.gate_proj.bias is None for layer in model.model.layers
+        )
+    )
+
+
+class FusedDecode:
+    """`__call__(inputs, pool)`: `[rows, vocab]` float32 logits of single-query rows, as the runner's forward gives."""
+
+    def __init__(self, model: torch.nn.Module, compile: bool = True) -> None:
+        config = model.config
+        body = model.model
+        self.embed = body.embed_tokens
+        self.rotary = body.rotary_emb
+        self.final_norm = body.norm.weight
+        self.lm_head = model.lm_head.weight
+        self.eps = float(config.rms_norm_eps)
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.scaling = body.layers[0].self_attn.scaling
+        with torch.no_grad():
+            self.layers = [
+                _LayerWeights(
+                    layer.input_layernorm.weight,
+                    torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
+                               layer.self_attn.v_proj.weight]),
+                    layer.self_attn.o_proj.weight,
+                    layer.post_attention_layernorm.weight,
+                    torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]),
+                    layer.mlp.down_proj.weight,
+                )
+                for layer in body.layers
+            ]
+        wrap: Callable = (lambda function: torch.compile(function, fullgraph=True)) if compile else (lambda f: f)
+        self._first = wrap(self._attention_inputs)
+        self._between = wrap(self._between_attentions)
+        self._last = wrap(self._last_logits)
+
+    def __call__(self, inputs: StepInputs, pool: KvBlockPool) -> torch.Tensor:
+        rows = inputs.input_ids.shape[0]
+        hidden = self.embed(inputs.input_ids[:, 0])
+        cos, sin = (part[:, 0] for part in self.rotary(hidden, inputs.positions))
+        # Additive, in the model's dtype, made once: SDPA would convert a boolean mask in every layer.
+        allowed = inputs.attention_mask(pool.block_size)
+        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~allowed, -torch.inf)
+        flat_tables = inputs.block_tables.reshape(-1)
+        first = self.layers[0]
+        query, key, value = self._first(hidden, first.input_norm, first.qkv, cos, sin)
+        for index, layer in enumerate(self.layers):
+            attention = self._attend(pool, index, query, key, value, inputs.slot_mapping, flat_tables, mask, rows)
+            if index + 1 == len(self.layers):
+                return self._last(hidden, attention, layer.output, layer.post_norm, layer.gate_up, layer.down,
+                                  self.final_norm, self.lm_head)
+            after = self.layers[index + 1]
+            hidden, query, key, value = self._between(hidden, attention, layer.output, layer.post_norm, layer.gate_up,
+                                                      layer.down, after.input_norm, after.qkv, cos, sin)
+        raise AssertionError("a model without layers")
+
+    def _attend(self, pool: KvBlockPool, index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                slots: torch.Tensor, flat_tables: torch.Tensor, mask: torch.Tensor, rows: int) -> torch.Tensor:
+        """Write the rows' keys and values, gather their blocks, attend: `[rows, heads x head_dim]`. The query heads
+        that share a key-value head go as its queries (as `model_patches.grouped_decode_attention`)."""
+        keys, values = pool.keys[index], pool.values[index]
+        kv_heads, dim = self.kv_heads, self.head_dim
+        keys.view(-1, kv_heads, dim).index_copy_(0, slots, key)
+        values.view(-1, kv_heads, dim).index_copy_(0, slots, value)
+        width = flat_tables.shape[0] // rows * keys.shape[1]
+        gathered_keys = keys.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
+        gathered_values = values.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
+        grouped = query.view(rows, kv_heads, self.heads // kv_heads, dim)
+        output = F.scaled_dot_product_attention(grouped, gathered_keys, gathered_values, attn_mask=mask,
+                                                scale=self.scaling)
+        return output.reshape(rows, self.heads * dim)
+
+    # -- the compiled pieces: pure functions of tensors (weights included), so one graph serves every layer ---------
+    def _attention_inputs(self, hidden: torch.Tensor, norm: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's rotated query `[rows, heads, dim]`, key and value `[rows, kv_heads, dim]`."""
+        rows, dim = hidden.shape[0], self.head_dim
+        projected = F.linear(F.rms_norm(hidden, hidden.shape[-1:], norm, self.eps), qkv)
+        query, key, value = projected.split([self.heads * dim, self.kv_heads * dim, self.kv_heads * dim], dim=-1)
+        query = _rotated(query.view(rows, self.heads, dim), cos, sin)
+        key = _rotated(key.view(rows, self.kv_heads, dim), cos, sin)
+        return query, key, value.reshape(rows, self.kv_heads, dim)
+
+    def _layer_output(self, hidden: torch.Tensor, attention: torch.Tensor, output: torch.Tensor,
+                      post_norm: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the layer's attention output and MLP."""
+        hidden = hidden + F.linear(attention, output)
+        gate, up = F.linear(F.rms_norm(hidden, hidden.shape[-1:], post_norm, self.eps), gate_up).chunk(2, dim=-1)
+        return hidden + F.linear(F.silu(gate) * up, down)
+
+    def _between_attentions(self, hidden, attention, output, post_norm, gate_up, down, next_norm, next_qkv, cos, sin):
+        hidden = self._layer_output(hidden, attention, output, post_norm, gate_up, down)
+        return hidden, *self._attention_inputs(hidden, next_norm, next_qkv, cos, sin)
+
+    def _last_logits(self, hidden, attention, output, post_norm, gate_up, down, final_norm, lm_head) -> torch.Tensor:
+        hidden = self._layer_output(hidden, attention, output, post_norm, gate_up, down)
+        return F.linear(F.rms_norm(hidden, hidden.shape[-1:], final_norm, self.eps), lm_head).float()
+
+
+def _rotated(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of `[rows, heads, dim]` with `[rows, dim]` cos and sin (transformers' rotate-half form)."""
+    half = states.shape[-1] // 2
+    rotated = torch.cat((-states[..., half:], states[..., :half]), dim=-1)
+    return states * cos[:, None] + rotated * sin[:, None]
