@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import fused_forward
+from . import fused_decode
 from .block_manager import TRASH_BLOCK
 from .kv_cache import KvBlockPool, PagedCache, StepInputs
 from .model_patches import use_fused_rms_norm, use_grouped_decode_attention
@@ -43,9 +43,9 @@ class ModelRunner:
         model: torch.nn.Module,
         static_shapes: bool | None = None,
         cuda_graphs: bool = True,
-        fused_forwards: bool | None = None,
+        fused_decode_steps: bool | None = None,
     ) -> None:
-        """`fused_forwards` None: on CUDA, for the models `fused_forward` supports (prefill and decode forwards)."""
+        """`fused_decode_steps` None: on CUDA, for the models `fused_decode` supports."""
         self.model = model
         use_grouped_decode_attention(model)
         config = model.config
@@ -59,9 +59,9 @@ class ModelRunner:
         if self.device.type == "cuda":
             use_fused_rms_norm(model)  # on an H200: 1 stream 1.37x, 256 streams 1.07x (docs/performance.md)
         self.static_shapes = self.device.type == "cuda" if static_shapes is None else static_shapes
-        if fused_forwards is None:
-            fused_forwards = self.device.type == "cuda" and fused_forward.supports(model)
-        self.fused_forward = fused_forward.FusedForward(model) if fused_forwards else None
+        if fused_decode_steps is None:
+            fused_decode_steps = self.device.type == "cuda" and fused_decode.supports(model)
+        self.fused_decode = fused_decode.FusedDecode(model) if fused_decode_steps else None
         self.pool: KvBlockPool | None = None
         self._static_inputs: dict[tuple[int, int], StepInputs] = {}  # (rows, width) -> that bucket's tensors
         self.cuda_graphs = cuda_graphs and self.static_shapes and self.device.type == "cuda"
@@ -189,7 +189,7 @@ class ModelRunner:
             if keep is None:
                 return logits[: len(sequences)].clone()
         else:
-            logits = self._forward(inputs)
+            logits = self._decode_forward(inputs)
         return logits[keep] if keep is not None else logits[: len(sequences)]
 
     def _feed_device_tokens(self, input_ids: torch.Tensor, sequences: list[Sequence], fed: torch.Tensor | None) -> None:
@@ -251,10 +251,6 @@ class ModelRunner:
         return self.model(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        """`[rows, vocab]` float logits at each row's last query: `fused_forward`'s when the runner has one, else
-        transformers' forward over the pool."""
-        if self.fused_forward is not None:
-            return self.fused_forward(inputs, self.pool)
         output = self.model(
             input_ids=inputs.input_ids,
             attention_mask=inputs.attention_mask(self.pool.block_size),
@@ -264,6 +260,12 @@ class ModelRunner:
             **{self._cache_kwarg: PagedCache(self.pool, inputs)},
         )
         return output.logits[:, -1, :].float()
+
+    def _decode_forward(self, inputs: StepInputs) -> torch.Tensor:
+        """A forward of single-query rows: `fused_decode`'s when the runner has one."""
+        if self.fused_decode is not None:
+            return self.fused_decode(inputs, self.pool)
+        return self._forward(inputs)
 
     def _on_device(self, inputs: StepInputs) -> StepInputs:
         if self.device.type == "cpu":
@@ -289,7 +291,7 @@ class ModelRunner:
         if captured is None:
             if key in self._eager_buckets or not self._fits_beside_pool(*key):
                 self._eager_buckets.add(key)
-                return self._forward(inputs)
+                return self._decode_forward(inputs)
             captured = self._graphs[key] = self._capture(inputs)
         graph, logits = captured
         graph.replay()
@@ -302,13 +304,13 @@ class ModelRunner:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
-            self._forward(inputs)
+            self._decode_forward(inputs)
         current.wait_stream(side)
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
-            logits = self._forward(inputs)
+            logits = self._decode_forward(inputs)
         return graph, logits
 
 
