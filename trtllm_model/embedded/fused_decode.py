@@ -1,9 +1,10 @@
 """A decode forward of a Llama-family model (SmolLM2) in few kernels, for the runner's single-query rows.
 
-transformers' forward launches about 46 kernels a layer for a decode step (1,400 for SmolLM2's 30 layers, measured
-on an H200 with `bench/step_profile.py`): separate q, k and v projections, six for each rotary embedding, a mask
-conversion in every attention, unfused residual adds. At small batches a step costs what its kernels' launches and
-tails cost, not what they compute. Here a layer is:
+transformers' forward launches about 33 kernels a layer for a decode step (976 a SmolLM2 step at 1 stream on an H200,
+`bench/step_profile.py`): separate q, k and v projections, six for each rotary embedding, a mask conversion in every
+attention, unfused residual adds. At small batches a step costs what its kernels' launches and tails cost, not what
+they compute. Here a layer is (534 kernels a step; 1.44 against 2.35 ms of GPU time at 1 stream, 2.34 against 3.52 at
+256; docs/performance.md, "fused decode steps"):
 
 - the paged attention, eager: write the row's key and value to its slot, gather its blocks, SDPA (5 kernels);
 - everything from one attention's output to the next attention's query, key and value, as one `torch.compile`d
