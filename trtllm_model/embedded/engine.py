@@ -230,8 +230,9 @@ class Engine:
         if self.in_flight is not None and not self._may_overlap():
             self._read_in_flight()
         # A sequence whose tokens on the device already end it is not fed again: it ends when they are read.
-        ending = [sequence for sequence in self.running if sequence.ends_once_read(self.runner.max_positions)]
-        decoding = [sequence for sequence in self.running if not sequence.ends_once_read(self.runner.max_positions)]
+        ending, decoding = [], []
+        for sequence in self.running:
+            (ending if sequence.ends_once_read(self.runner.max_positions) else decoding).append(sequence)
         decoding = self.scheduler.make_room_for_decode(decoding)  # preempted ones wait again
         self.running = [*decoding, *ending]
         # The ending ones keep their seats until their tokens are read.
