@@ -133,7 +133,8 @@ def main() -> None:
                     },
                 }
                 if cuda:
-                    row["gpu_ms_per_iteration"], row["kernels_per_iteration"], row["top_kernels"] = kernel_summary(profiler, iterations, args.top)
+                    gpu_ms, launched, top = kernel_summary(profiler, iterations, args.top)
+                    row.update(gpu_ms_per_iteration=gpu_ms, kernels_per_iteration=launched, top_kernels=top)
                 results.append(row)
                 phases = ", ".join(f"{phase} {ms:.2f}" for phase, ms in row["phase_ms_per_iteration"].items())
                 gpu = (f", GPU kernels {row['gpu_ms_per_iteration']:.2f} ms ({row['kernels_per_iteration']:.0f} launched)"

@@ -15,7 +15,8 @@ from trtllm_model.embedded import fused_decode
 from trtllm_model.embedded.fused_decode import FusedDecode
 from trtllm_model.embedded.model_loading import load_model
 from trtllm_model.executor_interface import GenerationRequest, Step
-from trtllm_model.executors.transformers_executor import TransformersExecutor
+from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
+from trtllm_model.params import ConfigError, Params
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Why is the sky blue?",
              "List three primary colors.", "Name a famous painting."]
@@ -122,3 +123,9 @@ def test_the_runner_fuses_on_cuda_only_unless_asked(loaded):
         assert executor.runner.fused_decode is None  # CPU: transformers' forward
     finally:
         executor.shutdown()
+
+
+def test_a_fused_decode_value_other_than_true_or_false_fails_the_load_naming_it():
+    """Config only (no request reaches it); checked before the model loads."""
+    with pytest.raises(ConfigError, match="fused_decode='sometimes': expected true or false"):
+        create(Params({"fused_decode": "sometimes"}, PARAMETERS))

@@ -45,14 +45,10 @@ def supports(model: torch.nn.Module) -> bool:
     config = model.config
     return (
         getattr(config, "model_type", None) == "llama"
-        and not getattr(config, "attention_bias", False)
-        and not getattr(config, "mlp_bias", False)
         and getattr(config, "hidden_act", None) == "silu"
         and getattr(config, "pretraining_tp", 1) == 1
         and hasattr(model, "lm_head")
-        and all(
-            layer.self_attn.q_proj.bias is None and layer.mlp.gate_proj.bias is None for layer in model.model.layers
-        )
+        and all(module.bias is None for module in model.model.layers.modules() if isinstance(module, torch.nn.Linear))
     )
 
 
@@ -97,17 +93,16 @@ class FusedDecode:
         allowed = inputs.attention_mask(pool.block_size)
         mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~allowed, -torch.inf)
         flat_tables = inputs.block_tables.reshape(-1)
-        first = self.layers[0]
+        first, last = self.layers[0], len(self.layers) - 1
         query, key, value = self._first(hidden, first.input_norm, first.qkv, cos, sin)
-        for index, layer in enumerate(self.layers):
+        for index, (layer, after) in enumerate(zip(self.layers, self.layers[1:])):
             attention = self._attend(pool, index, query, key, value, inputs.slot_mapping, flat_tables, mask, rows)
-            if index + 1 == len(self.layers):
-                return self._last(hidden, attention, layer.output, layer.post_norm, layer.gate_up, layer.down,
-                                  self.final_norm, self.lm_head)
-            after = self.layers[index + 1]
             hidden, query, key, value = self._between(hidden, attention, layer.output, layer.post_norm, layer.gate_up,
                                                       layer.down, after.input_norm, after.qkv, cos, sin)
-        raise AssertionError("a model without layers")
+        attention = self._attend(pool, last, query, key, value, inputs.slot_mapping, flat_tables, mask, rows)
+        layer = self.layers[last]
+        return self._last(hidden, attention, layer.output, layer.post_norm, layer.gate_up, layer.down,
+                          self.final_norm, self.lm_head)
 
     def _attend(self, pool: KvBlockPool, index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 slots: torch.Tensor, flat_tables: torch.Tensor, mask: torch.Tensor, rows: int) -> torch.Tensor:

@@ -252,8 +252,9 @@ def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tup
 def sample_on_device(logits: torch.Tensor, states: list[SamplingState]) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, log probs) of `[rows, vocab]` float32 logits as tensors on the logits' device, without waiting for
     the device (except with top-k or top-p rows: whether their first candidates hold enough is read on the host):
-    what the engine's overlapped step feeds to the next step before the host reads it. Guides, penalties and bans are the caller's (they need the
-    host's view of the tokens so far). A row's log prob is meaningful only where its request asked for one."""
+    what the engine's overlapped step feeds to the next step before the host reads it. Guides, penalties and bans
+    are the caller's (they need the host's view of the tokens so far). A row's log prob is meaningful only where its
+    request asked for one."""
     device = logits.device
     sampling_rows = [row for row, state in enumerate(states) if not state.params.greedy]
     # The greedy rows' answer (sampling rows are overwritten below); skipped when no row is greedy.
