@@ -152,8 +152,8 @@ def main() -> None:
                         help="the executor's engine in a worker process of its own (config engine_process=true)")
     parser.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=None,
                         help="the engine's overlapped steps (default: on CUDA only)")
-    parser.add_argument("--fused-decode", action=argparse.BooleanOptionalAction, default=None,
-                        help="decode steps as embedded/fused_decode.py's compiled pieces (default: on CUDA only)")
+    parser.add_argument("--fused-forward", action=argparse.BooleanOptionalAction, default=None,
+                        help="forwards as embedded/fused_forward.py's compiled pieces (default: on CUDA only)")
     parser.add_argument("--repeat", type=int, default=1, help="measurements of each row; median and spread reported")
     parser.add_argument("--compiled-static", action=argparse.BooleanOptionalAction, default=None,
                         help="also transformers' compiled static-cache generate (default: on CUDA only)")
@@ -181,7 +181,7 @@ def main() -> None:
         if args.engine_process:
             spec = EngineSpec(device=args.device, dtype=dtype, torch_threads=args.threads,
                               max_batch_size=max(levels), max_num_tokens=8192, cuda_graphs=not args.eager,
-                              overlap_steps=args.overlap_steps, fused_decode=args.fused_decode)
+                              overlap_steps=args.overlap_steps, fused_forward=args.fused_forward)
             executor = TransformersExecutor.in_worker_process(spec)
         else:
             # A model object of its own: the engine changes its forward (embedded/model_patches.py), and the
@@ -189,15 +189,19 @@ def main() -> None:
             engine_model = load_model(device=args.device, dtype=dtype).model
             executor = TransformersExecutor(engine_model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192,
                                             cuda_graphs=not args.eager, overlap_steps=args.overlap_steps,
-                                            fused_decode=args.fused_decode)
+                                            fused_forward=args.fused_forward)
         counts = sorted({max(level, args.prompts) for level in levels})
         try:
             run_executor(executor, all_prompts[: max(levels)], 4, max(levels))  # warm-up (allocations, graphs)
             for _ in range(args.repeat):
                 for level in levels:
                     prompts = all_prompts[: max(level, args.prompts)]
+                    engine = executor.engine if executor.runner is not None else None  # None: in the worker
+                    before = (engine.iteration, dict(engine.phase_seconds)) if engine else None
                     tokens, seconds, ttfts = run_executor(executor, prompts, args.max_tokens, level)
                     _record(runs, f"executor @ {level}", level, len(prompts), tokens, seconds, statistics.median(ttfts))
+                    if engine:
+                        _print_phases(engine, *before)
         finally:
             executor.shutdown()  # its KV pool is most of the free GPU memory: gone before the baselines run
         compile_s = {}
@@ -253,6 +257,15 @@ def _record(runs: dict[str, list[tuple]], method: str, in_flight: int, prompts: 
             ttft: float | None) -> None:
     print(f"  done: {method} ({prompts} prompts): {tokens / seconds:.1f} tok/s", flush=True)
     runs.setdefault(method, []).append((in_flight, prompts, tokens, seconds, ttft))
+
+
+def _print_phases(engine, iteration_before: int, seconds_before: dict[str, float]) -> None:
+    """The engine thread's iterations in the last run and its milliseconds per iteration in each phase."""
+    iterations = max(1, engine.iteration - iteration_before)
+    phases = {name: (total - seconds_before.get(name, 0.0)) * 1000 / iterations
+              for name, total in engine.phase_seconds.items()}
+    print(f"    {iterations} iterations, ms each: " + ", ".join(f"{name} {ms:.2f}" for name, ms in phases.items()),
+          flush=True)
 
 
 def _row(method: str, measured: list[tuple]) -> dict:

@@ -86,8 +86,8 @@ def main() -> None:
                         help="sampled requests (temperature 0.8, top_p 0.95, each its own seed) instead of greedy")
     parser.add_argument("--attention", choices=["grouped", "sdpa"], default="grouped",
                         help="decode attention: the engine's grouped-query function (default) or transformers' SDPA")
-    parser.add_argument("--fused-decode", action=argparse.BooleanOptionalAction, default=None,
-                        help="decode steps as embedded/fused_decode.py's compiled pieces (default: on CUDA only)")
+    parser.add_argument("--fused-forward", action=argparse.BooleanOptionalAction, default=None,
+                        help="forwards as embedded/fused_forward.py's compiled pieces (default: on CUDA only)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--top", type=int, default=8, help="kernels listed per level")
     parser.add_argument("--results-dir", default=None)
@@ -107,7 +107,7 @@ def main() -> None:
     results = []
     with torch.inference_mode():
         executor = TransformersExecutor(model, None, max_batch_size=max(levels), max_num_tokens=16384,
-                                        cuda_graphs=not args.eager, fused_decode=args.fused_decode)
+                                        cuda_graphs=not args.eager, fused_forward=args.fused_forward)
         engine = executor.engine
         if args.attention == "sdpa":
             model.config._attn_implementation = "sdpa"

@@ -28,6 +28,7 @@ forward of the whole batch's decode, a device error): every open request then en
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -191,7 +192,7 @@ class Engine:
     def _run(self) -> None:
         try:
             with torch.inference_mode(), self.runner.attention_backends():
-                self._capture_decode_graphs()
+                self._warm_up()
                 while self._next_iteration():
                     pass
         except BaseException as exc:  # noqa: BLE001 - any failure ends the engine; callers learn why
@@ -200,12 +201,22 @@ class Engine:
                 self._error = f"engine failed: {type(exc).__name__}: {exc}"
                 self._ready.notify_all()
 
-    def _capture_decode_graphs(self) -> None:
-        """Before the first request (they wait meanwhile): the decode steps' CUDA graphs, if the runner uses them."""
+    def _warm_up(self) -> None:
+        """Before the first request (they wait meanwhile): the decode steps' CUDA graphs and the prompt forwards'
+        compiles, if the runner has them."""
         started = time.monotonic()
         captured = self.runner.capture_decode_graphs(self.config.max_batch_size + GRAPH_PREFILL_ROWS)
         if captured:
             log.info("captured %d decode graphs in %.1f s", captured, time.monotonic() - started)
+        started = time.monotonic()
+        if self.runner.warm_up_prefill():
+            log.info("compiled the prompt forwards in %.1f s", time.monotonic() - started)
+        if self.runner.device.type == "cuda":
+            # What loading, compiling and capturing left goes out of the collector's reach (as vLLM does after its
+            # capture): a full collection walks every object, about 0.2 s for the loaded model alone on this
+            # project's CPU machine, and one landing mid-run stalls every stream.
+            gc.collect()
+            gc.freeze()
 
     def _next_iteration(self) -> bool:
         with self._lock:
@@ -264,6 +275,7 @@ class Engine:
                     steps = self._accept(decoding, logits[: len(decoding)], sampled[: len(decoding)])
                     steps += self._accept(done, logits[len(decoding):], sampled[len(decoding):], prefill=True)
                 self.running.extend(done)
+                self._release_finished()  # before their final steps go out: a client that has one finds them free
                 self._publish(steps)
                 lap = self._lap("accept", lap)
         if self.in_flight is not None and self._launches == launches_before:
@@ -357,8 +369,9 @@ class Engine:
     def _read_in_flight(self) -> None:
         """Accept and publish the in-flight step's tokens now (before a step whose sampling needs them)."""
         if self.in_flight is not None:
-            self._publish(self._accept_in_flight())
+            steps = self._accept_in_flight()
             self._release_finished()
+            self._publish(steps)
 
     def _lap(self, phase: str, since: float) -> float:
         now = time.perf_counter()
@@ -435,9 +448,10 @@ class Engine:
             logits = self.runner.prefill(group)
         except Exception as exc:  # noqa: BLE001 - whose it was is found out below
             if len(group) == 1:
-                self._publish([self._fail(group[0], "prefill", exc)])
+                step = self._fail(group[0], "prefill", exc)
                 self.scheduler.prefilled(group[0])
                 self._release(group[0])
+                self._publish([step])
                 return
             log.warning("prefill of %d requests failed (%s); each is tried alone", len(group), exc)
             for sequence in group:
@@ -445,7 +459,9 @@ class Engine:
             return
         logits, done = self._prompts_done(group, logits, 0)
         self.running.extend(done)
-        self._publish(self._accept(done, logits, self._sample(done, logits), prefill=True))
+        steps = self._accept(done, logits, self._sample(done, logits), prefill=True)
+        self._release_finished()
+        self._publish(steps)
 
     def _computed(self, sequence: Sequence, tokens: int) -> None:
         """The keys and values of the sequence's first `tokens` tokens are written: its full blocks become shareable."""
@@ -524,7 +540,8 @@ class Engine:
         reuse = blocks.enable_reuse
         gpu_bytes = 0  # NVIDIA's memory_type=gpu: what this engine holds there (nothing on a CPU engine)
         if self.runner.device.type == "cuda":
-            gpu_bytes = torch.cuda.memory_allocated(self.runner.device)
+            # The nested form: memory_allocated() flattens every allocator statistic in Python, each iteration.
+            gpu_bytes = torch.cuda.memory_stats_as_nested_dict(self.runner.device)["allocated_bytes"]["all"]["current"]
         stats = IterationStats(
             timestamp=time.time(),
             iteration=self.iteration,

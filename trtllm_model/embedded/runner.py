@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import logging
 
 import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import fused_decode
+from . import fused_forward
 from .block_manager import TRASH_BLOCK
 from .kv_cache import KvBlockPool, PagedCache, StepInputs
 from .model_patches import use_fused_rms_norm, use_grouped_decode_attention
@@ -43,9 +44,9 @@ class ModelRunner:
         model: torch.nn.Module,
         static_shapes: bool | None = None,
         cuda_graphs: bool = True,
-        fused_decode_steps: bool | None = None,
+        fused_forwards: bool | None = None,
     ) -> None:
-        """`fused_decode_steps` None: on CUDA, for the models `fused_decode` supports."""
+        """`fused_forwards` None: on CUDA, for the models `fused_forward` supports (prefill and decode forwards)."""
         self.model = model
         use_grouped_decode_attention(model)
         config = model.config
@@ -59,9 +60,9 @@ class ModelRunner:
         if self.device.type == "cuda":
             use_fused_rms_norm(model)  # on an H200: 1 stream 1.37x, 256 streams 1.07x (docs/performance.md)
         self.static_shapes = self.device.type == "cuda" if static_shapes is None else static_shapes
-        if fused_decode_steps is None:
-            fused_decode_steps = self.device.type == "cuda" and fused_decode.supports(model)
-        self.fused_decode = fused_decode.FusedDecode(model) if fused_decode_steps else None
+        if fused_forwards is None:
+            fused_forwards = self.device.type == "cuda" and fused_forward.supports(model)
+        self.fused_forward = fused_forward.FusedForward(model) if fused_forwards else None
         self.pool: KvBlockPool | None = None
         self._static_inputs: dict[tuple[int, int], StepInputs] = {}  # (rows, width) -> that bucket's tensors
         self.cuda_graphs = cuda_graphs and self.static_shapes and self.device.type == "cuda"
@@ -107,20 +108,21 @@ class ModelRunner:
         # attending over the whole prompt's table cost it as much as its own tokens (CPU, 64 of 2,048 tokens).
         width = max(-(-sequence.prefill_end // block_size) for sequence in sequences)
         rows = len(sequences)
-        ids = torch.zeros((rows, queries), dtype=torch.long)
-        positions = torch.zeros((rows, queries), dtype=torch.long)
-        slots = torch.full((rows, queries), TRASH_BLOCK * block_size, dtype=torch.long)
-        tables = torch.full((rows, width), TRASH_BLOCK, dtype=torch.long)
+        # Built in numpy: a torch op per row costs the host more than the row's share of a fused forward.
+        ids = np.zeros((rows, queries), dtype=np.int64)
+        positions = np.zeros((rows, queries), dtype=np.int64)
+        tables = np.full((rows, width), TRASH_BLOCK, dtype=np.int64)
         for row, sequence in enumerate(sequences):
             start, end = sequence.num_computed, sequence.prefill_end
-            table = torch.tensor(sequence.blocks.block_ids[: -(-end // block_size)], dtype=torch.long)
-            padding = queries - (end - start)
-            row_positions = torch.arange(start, end)
-            tables[row, : len(table)] = table
-            ids[row, padding:] = torch.tensor(sequence.token_ids[start:end], dtype=torch.long)
-            positions[row, padding:] = row_positions
-            slots[row, padding:] = table[row_positions // block_size] * block_size + row_positions % block_size
-        inputs = StepInputs(ids, positions, slots.reshape(-1), tables)
+            used = -(-end // block_size)
+            tables[row, :used] = sequence.blocks.block_ids[:used]
+            ids[row, queries - (end - start) :] = sequence.token_ids[start:end]
+            positions[row, queries - (end - start) :] = np.arange(start, end)
+        # A padding query writes its key and value to the trash block.
+        padding = np.arange(queries)[None, :] < (queries - np.array([s.prefill_len for s in sequences]))[:, None]
+        slots = np.take_along_axis(tables, positions // block_size, 1) * block_size + positions % block_size
+        slots[padding] = TRASH_BLOCK * block_size
+        inputs = StepInputs(*(torch.from_numpy(array) for array in (ids, positions, slots.reshape(-1), tables)))
         return self._forward(self._on_device(inputs))
 
     def decode(
@@ -165,9 +167,11 @@ class ModelRunner:
         decoding = len(sequences)
         ids[:decoding] = [sequence.token_ids[-1] for sequence in sequences]
         positions[:decoding] = [start for start, _ in spans[:decoding]]
-        for row, sequence in enumerate(sequences):
-            block_ids = sequence.blocks.block_ids
-            tables[row, : len(block_ids)] = block_ids
+        # Every decoding row's table in one assignment, not one per row.
+        lengths = np.fromiter((len(sequence.blocks.block_ids) for sequence in sequences), np.int64, decoding)
+        tables[:decoding][np.arange(width) < lengths[:, None]] = np.fromiter(
+            itertools.chain.from_iterable(sequence.blocks.block_ids for sequence in sequences), np.int64,
+            int(lengths.sum()))
         row = decoding
         for sequence, (start, end) in zip(prefills, spans[decoding:]):
             block_ids = sequence.blocks.block_ids
@@ -189,7 +193,7 @@ class ModelRunner:
             if keep is None:
                 return logits[: len(sequences)].clone()
         else:
-            logits = self._decode_forward(inputs)
+            logits = self._forward(inputs)
         return logits[keep] if keep is not None else logits[: len(sequences)]
 
     def _feed_device_tokens(self, input_ids: torch.Tensor, sequences: list[Sequence], fed: torch.Tensor | None) -> None:
@@ -229,6 +233,22 @@ class ModelRunner:
                         len(self._eager_buckets), len(buckets))
         return len(self._graphs)
 
+    def warm_up_prefill(self) -> bool:
+        """With fused forwards, compile the prompt forwards' shapes now (each a few seconds on a GPU) rather than in the first requests' prefills; whether there was anything to compile. Padding rows
+        only: they write to the trash block."""
+        if self.fused_forward is None:
+            return False
+        block_size = self.pool.block_size
+        # One row with two lengths (so its token count is compiled dynamic, not a constant), then several rows.
+        for rows, queries in ((1, 2), (1, 3), (2, 2)):
+            self._forward(self._on_device(StepInputs(
+                torch.zeros((rows, queries), dtype=torch.long),
+                torch.zeros((rows, queries), dtype=torch.long),
+                torch.full((rows * queries,), TRASH_BLOCK * block_size, dtype=torch.long),
+                torch.full((rows, 1), TRASH_BLOCK, dtype=torch.long),
+            )))
+        return True
+
     def _fits_beside_pool(self, rows: int, width: int) -> bool:
         """Whether a decode forward of this bucket fits in the GPU memory free now (an estimate of its peak: the
         gathered keys and values, twice, the logits in both dtypes, the layer activations), with a margin."""
@@ -251,6 +271,10 @@ class ModelRunner:
         return self.model(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        """`[rows, vocab]` float logits at each row's last query: `fused_forward`'s when the runner has one, else
+        transformers' forward over the pool."""
+        if self.fused_forward is not None:
+            return self.fused_forward(inputs, self.pool)
         output = self.model(
             input_ids=inputs.input_ids,
             attention_mask=inputs.attention_mask(self.pool.block_size),
@@ -260,12 +284,6 @@ class ModelRunner:
             **{self._cache_kwarg: PagedCache(self.pool, inputs)},
         )
         return output.logits[:, -1, :].float()
-
-    def _decode_forward(self, inputs: StepInputs) -> torch.Tensor:
-        """A forward of single-query rows: `fused_decode`'s when the runner has one."""
-        if self.fused_decode is not None:
-            return self.fused_decode(inputs, self.pool)
-        return self._forward(inputs)
 
     def _on_device(self, inputs: StepInputs) -> StepInputs:
         if self.device.type == "cpu":
@@ -291,7 +309,7 @@ class ModelRunner:
         if captured is None:
             if key in self._eager_buckets or not self._fits_beside_pool(*key):
                 self._eager_buckets.add(key)
-                return self._decode_forward(inputs)
+                return self._forward(inputs)
             captured = self._graphs[key] = self._capture(inputs)
         graph, logits = captured
         graph.replay()
@@ -304,13 +322,13 @@ class ModelRunner:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
-            self._decode_forward(inputs)
+            self._forward(inputs)
         current.wait_stream(side)
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
-            logits = self._decode_forward(inputs)
+            logits = self._forward(inputs)
         return graph, logits
 
 

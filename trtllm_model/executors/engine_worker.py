@@ -181,7 +181,7 @@ def build_engine(spec: EngineSpec):
         torch.set_num_threads(spec.torch_threads)
     elif spec.device == "cpu":
         FreeCoreThreads().start().attach(loaded.model)
-    runner = ModelRunner(loaded.model, cuda_graphs=spec.cuda_graphs, fused_decode_steps=spec.fused_decode)
+    runner = ModelRunner(loaded.model, cuda_graphs=spec.cuda_graphs, fused_forwards=spec.fused_forward)
     memory = spec.kv_cache_memory_bytes
     if memory is None:
         fraction = spec.kv_cache_free_gpu_mem_fraction

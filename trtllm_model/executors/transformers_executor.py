@@ -41,8 +41,8 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    step's tokens (they are fed on the device), so the host's work of a step runs while the device
                    computes; requests with a guide, bias, penalties, bad words or logits to return are stepped
                    one at a time whenever they run. false: every step waits for its tokens. Ignored on CPU
-  fused_decode     true (the default on CUDA): a Llama-family model's decode steps run as a few torch.compile'd
-                   pieces between the paged attentions (embedded/fused_decode.py; compiled at load, inside the CUDA
+  fused_forward    true (the default on CUDA): a Llama-family model's forwards run as a few torch.compile'd
+                   pieces between the paged attentions (embedded/fused_forward.py; compiled at load, inside the CUDA
                    graphs). false, or another architecture: transformers' own forward. Ignored on CPU
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
@@ -98,7 +98,7 @@ log = logging.getLogger(__name__)
 PARAMETERS = frozenset(
     {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes",
      "engine_process", "enable_kv_cache_reuse", "cuda_graphs", "max_guide_bytes", "guide_compile_timeout_s",
-     "engine_heartbeat_timeout_s", "prefill_stall_factor", "overlap_steps", "fused_decode"}
+     "engine_heartbeat_timeout_s", "prefill_stall_factor", "overlap_steps", "fused_forward"}
 )
 
 DEFAULT_MAX_BATCH_SIZE = 64
@@ -131,10 +131,10 @@ class TransformersExecutor(Executor):
         cuda_graphs: bool = True,
         prefill_stall_factor: float = 0.0,
         overlap_steps: bool | None = None,
-        fused_decode: bool | None = None,
+        fused_forward: bool | None = None,
     ) -> None:
-        """The engine on a thread of this process (`overlap_steps` and `fused_decode` None: on CUDA only)."""
-        self.runner = ModelRunner(model, cuda_graphs=cuda_graphs, fused_decode_steps=fused_decode)
+        """The engine on a thread of this process (`overlap_steps` and `fused_forward` None: on CUDA only)."""
+        self.runner = ModelRunner(model, cuda_graphs=cuda_graphs, fused_forwards=fused_forward)
         memory = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else default_kv_cache_bytes(self.runner.device)
         budget = KvBudget(memory, self.runner.kv_bytes_per_token, kv_block_size)
         overlap = self.runner.device.type == "cuda" if overlap_steps is None else overlap_steps
@@ -327,7 +327,7 @@ def create(params: Params) -> Executor:
     stall_factor = params.float("prefill_stall_factor", DEFAULT_CPU_STALL_FACTOR if device == "cpu" else 0.0,
                                 minimum=0.0)
     overlap = params.bool("overlap_steps", True) and device != "cpu"
-    fused = params.bool("fused_decode", True) and device != "cpu"
+    fused = params.bool("fused_forward", True) and device != "cpu"
     guide_limits = (params.int("max_guide_bytes", DEFAULT_MAX_GUIDE_BYTES, minimum=1),
                     params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001))
     # On CUDA the worker process frees the engine's steps from the stub's GIL (the point of issue 24); on a small CPU
@@ -340,7 +340,7 @@ def create(params: Params) -> Executor:
             kv_cache_free_gpu_mem_fraction=fraction, stats_max_iterations=stats_max_iterations,
             enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
             cuda_graphs=params.bool("cuda_graphs", True), guide_compile_timeout_s=guide_limits[1],
-            prefill_stall_factor=stall_factor, overlap_steps=overlap, fused_decode=fused,
+            prefill_stall_factor=stall_factor, overlap_steps=overlap, fused_forward=fused,
         )
         executor = TransformersExecutor.in_worker_process(
             spec,
@@ -381,7 +381,7 @@ def create(params: Params) -> Executor:
         cuda_graphs=params.bool("cuda_graphs", True),
         prefill_stall_factor=stall_factor,
         overlap_steps=overlap,
-        fused_decode=fused,
+        fused_forward=fused,
     ), guide_limits)
 
 

@@ -1,4 +1,4 @@
-"""Fused decode steps (issue 33 item 2, embedded/fused_decode.py), on CPU: a decode step run as the fused pieces gives
+"""Fused decode steps (issue 33 item 2, embedded/fused_forward.py), on CPU: a decode step run as the fused pieces gives
 the greedy tokens and log probs of transformers' own forward, for SmolLM2 with and without the graphs' bucketed
 static inputs (padding rows, prompts prefilled as rows of the step); compiled by inductor, the pieces trace whole,
 match their uncompiled selves, and one graph serves every layer. Only plain Llama layers are taken."""
@@ -11,8 +11,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trtllm_model.embedded import fused_decode
-from trtllm_model.embedded.fused_decode import FusedDecode
+from trtllm_model.embedded import fused_forward
+from trtllm_model.embedded.block_manager import TRASH_BLOCK
+from trtllm_model.embedded.fused_forward import FusedForward
 from trtllm_model.embedded.model_loading import load_model
 from trtllm_model.executor_interface import GenerationRequest, Step
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
@@ -56,9 +57,9 @@ def answers(executor: TransformersExecutor, prompts: list[list[int]], max_tokens
 
 
 def run_with(model: torch.nn.Module, tokenizer, prompts: list[list[int]], max_tokens: int,
-             fused: FusedDecode | None, static_shapes: bool = False) -> tuple[list[tuple], int]:
+             fused: FusedForward | None, static_shapes: bool = False) -> tuple[list[tuple], int]:
     """The answers, and how many decode forwards the fused pieces ran."""
-    executor = TransformersExecutor(model, tokenizer, max_batch_size=8, fused_decode=False)
+    executor = TransformersExecutor(model, tokenizer, max_batch_size=8, fused_forward=False)
     runner = executor.runner
     if static_shapes:
         runner.static_shapes, runner.max_graph_rows = True, 256  # as after capture_decode_graphs on CUDA
@@ -67,7 +68,7 @@ def run_with(model: torch.nn.Module, tokenizer, prompts: list[list[int]], max_to
         def counting(inputs, pool):
             calls[0] += 1
             return fused(inputs, pool)
-        runner.fused_decode = counting
+        runner.fused_forward = counting
     try:
         return answers(executor, prompts, max_tokens), calls[0]
     finally:
@@ -86,7 +87,7 @@ def test_fused_steps_give_the_tokens_and_log_probs_of_transformers_forward(loade
     prompts = [loaded.tokenizer.encode(template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                 tokenize=False)) for q in QUESTIONS]
     expected, _ = run_with(loaded.model, loaded.tokenizer, prompts, 16, None, static_shapes)
-    got, calls = run_with(loaded.model, loaded.tokenizer, prompts, 16, FusedDecode(loaded.model, compile=False),
+    got, calls = run_with(loaded.model, loaded.tokenizer, prompts, 16, FusedForward(loaded.model, compile=False),
                           static_shapes)
     assert calls >= 15
     assert_same_answers(got, expected, 1e-4)
@@ -99,10 +100,10 @@ def test_compiled_pieces_trace_whole_match_their_uncompiled_selves_and_serve_eve
     graphs = []
     for layers in (2, 4):
         model = tiny_llama(layers)
-        expected, _ = run_with(model, None, prompts, 6, FusedDecode(model, compile=False))
+        expected, _ = run_with(model, None, prompts, 6, FusedForward(model, compile=False))
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
-        got, calls = run_with(model, None, prompts, 6, FusedDecode(model, compile=True))
+        got, calls = run_with(model, None, prompts, 6, FusedForward(model, compile=True))
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
         assert calls >= 5
         assert_same_answers(got, expected, 1e-4)
@@ -110,22 +111,50 @@ def test_compiled_pieces_trace_whole_match_their_uncompiled_selves_and_serve_eve
 
 
 def test_only_plain_llama_layers_are_fused(loaded):
-    assert fused_decode.supports(loaded.model)
-    assert fused_decode.supports(tiny_llama(1))
-    assert not fused_decode.supports(tiny_llama(1, attention_bias=True))
-    assert not fused_decode.supports(tiny_llama(1, mlp_bias=True))
-    assert not fused_decode.supports(tiny_llama(1, hidden_act="gelu"))
+    assert fused_forward.supports(loaded.model)
+    assert fused_forward.supports(tiny_llama(1))
+    assert not fused_forward.supports(tiny_llama(1, attention_bias=True))
+    assert not fused_forward.supports(tiny_llama(1, mlp_bias=True))
+    assert not fused_forward.supports(tiny_llama(1, hidden_act="gelu"))
 
 
 def test_the_runner_fuses_on_cuda_only_unless_asked(loaded):
     executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=2)
     try:
-        assert executor.runner.fused_decode is None  # CPU: transformers' forward
+        assert executor.runner.fused_forward is None  # CPU: transformers' forward
     finally:
         executor.shutdown()
 
 
-def test_a_fused_decode_value_other_than_true_or_false_fails_the_load_naming_it():
+def test_a_fused_forward_value_other_than_true_or_false_fails_the_load_naming_it():
     """Config only (no request reaches it); checked before the model loads."""
-    with pytest.raises(ConfigError, match="fused_decode='sometimes': expected true or false"):
-        create(Params({"fused_decode": "sometimes"}, PARAMETERS))
+    with pytest.raises(ConfigError, match="fused_forward='sometimes': expected true or false"):
+        create(Params({"fused_forward": "sometimes"}, PARAMETERS))
+
+
+def test_the_prompt_forwards_warm_up_touches_only_the_trash_block():
+    """The engine compiles the prompt forwards' shapes before its first request; that must write no block a request
+    may hold."""
+    model = tiny_llama(2)
+    executor = TransformersExecutor(model, None, max_batch_size=2, kv_cache_memory_bytes=1 << 20, fused_forward=False)
+    try:
+        runner = executor.runner
+        assert runner.warm_up_prefill() is False  # nothing to compile without fused forwards
+        fused, shapes = FusedForward(model, compile=False), []
+
+        def recording(inputs, pool):
+            shapes.append(tuple(inputs.input_ids.shape))
+            return fused(inputs, pool)
+
+        runner.fused_forward = recording
+        pool = runner.pool
+        for tensor in (*pool.keys, *pool.values):
+            tensor.normal_()
+        before = [tensor.clone() for tensor in (*pool.keys, *pool.values)]
+        assert runner.warm_up_prefill() is True
+        assert shapes == [(1, 2), (1, 3), (2, 2)]
+        for tensor, old in zip((*pool.keys, *pool.values), before):
+            assert torch.equal(tensor[TRASH_BLOCK + 1 :], old[TRASH_BLOCK + 1 :])
+            assert not torch.equal(tensor[TRASH_BLOCK], old[TRASH_BLOCK])
+    finally:
+        executor.shutdown()

@@ -1,20 +1,20 @@
-"""A decode forward of a Llama-family model (SmolLM2) in few kernels, for the runner's single-query rows.
+"""The forwards of a Llama-family model (SmolLM2) in few kernels: decode steps (one query a row, inside the CUDA
+graphs) and prompt chunks (several queries a row) alike.
 
-transformers' forward launches about 33 kernels a layer for a decode step (976 a SmolLM2 step at 1 stream on an H200,
-`bench/step_profile.py`): separate q, k and v projections, six for each rotary embedding, a mask conversion in every
-attention, unfused residual adds. At small batches a step costs what its kernels' launches and tails cost, not what
-they compute. Here a layer is (534 kernels a step; 1.44 against 2.35 ms of GPU time at 1 stream, 2.34 against 3.52 at
-256; docs/performance.md, "fused decode steps"):
+transformers' forward launches about 33 kernels a layer for a decode step (976 a SmolLM2 step at 1 stream on an
+H200, `bench/step_profile.py`): separate q, k and v projections, six for each rotary embedding, a mask conversion in
+every attention, unfused residual adds. At small batches a step costs what its kernels' launches and tails cost, not
+what they compute; and a prompt's eager forward costs the host as many launches. Here a layer is:
 
-- the paged attention, eager: write the row's key and value to its slot, gather its blocks, SDPA (5 kernels);
+- the paged attention, eager: write the tokens' keys and values to their slots, gather each row's blocks, SDPA;
 - everything from one attention's output to the next attention's query, key and value, as one `torch.compile`d
   function (inductor): output projection, residual add and RMSNorm fused, gate and up in one GEMM, SiLU and product
   fused, down projection, the next layer's add and norm fused, one qkv GEMM, the rotary embedding fused.
 
-The compiled function takes the layer's weights as arguments, so one graph serves every layer (a few compiles in
-all: the first shape, then shapes made dynamic, then one row). The merged qkv and gate/up weights are copies made
+The compiled functions take the layer's weights as arguments, so one graph serves every layer (a few compiles in
+all: the first shape, then shapes made dynamic, then one token). The merged qkv and gate/up weights are copies made
 once. The step's attention mask is made once, not per layer. Within a CUDA graph capture nothing compiles: the
-runner's warm-up runs each bucket's shape first.
+runner's warm-up runs each bucket's shape first. Measured on an H200: docs/performance.md ("Fused forwards").
 
 Only plain Llama layers are taken (`supports`); anything else keeps transformers' forward.
 """
@@ -52,8 +52,9 @@ def supports(model: torch.nn.Module) -> bool:
     )
 
 
-class FusedDecode:
-    """`__call__(inputs, pool)`: `[rows, vocab]` float32 logits of single-query rows, as the runner's forward gives."""
+class FusedForward:
+    """`__call__(inputs, pool)`: `[rows, vocab]` float32 logits at each row's last query, as the runner's forward
+    gives; a row has one query (decode) or a prompt's chunk, left-padded (prefill)."""
 
     def __init__(self, model: torch.nn.Module, compile: bool = True) -> None:
         config = model.config
@@ -86,12 +87,17 @@ class FusedDecode:
         self._last = wrap(self._last_logits)
 
     def __call__(self, inputs: StepInputs, pool: KvBlockPool) -> torch.Tensor:
-        rows = inputs.input_ids.shape[0]
-        hidden = self.embed(inputs.input_ids[:, 0])
-        cos, sin = (part[:, 0] for part in self.rotary(hidden, inputs.positions))
-        # Additive, in the model's dtype, made once: SDPA would convert a boolean mask in every layer.
+        rows, queries = inputs.input_ids.shape
+        # The compiled pieces work on tokens (`[rows x queries, ...]`), the attention on rows.
+        hidden = self.embed(inputs.input_ids.reshape(-1))
+        cos, sin = (part.reshape(rows * queries, -1) for part in self.rotary(hidden, inputs.positions))
+        # Additive, in the model's dtype, made once: SDPA would convert a boolean mask in every layer. With several
+        # queries a row's query heads go group by group (see `_attend`), so each group repeats the mask.
         allowed = inputs.attention_mask(pool.block_size)
         mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~allowed, -torch.inf)
+        if queries > 1:
+            mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
+        ends = torch.arange(queries - 1, rows * queries, queries, device=hidden.device)  # each row's last token
         flat_tables = inputs.block_tables.reshape(-1)
         first, last = self.layers[0], len(self.layers) - 1
         query, key, value = self._first(hidden, first.input_norm, first.qkv, cos, sin)
@@ -102,28 +108,33 @@ class FusedDecode:
         attention = self._attend(pool, last, query, key, value, inputs.slot_mapping, flat_tables, mask, rows)
         layer = self.layers[last]
         return self._last(hidden, attention, layer.output, layer.post_norm, layer.gate_up, layer.down,
-                          self.final_norm, self.lm_head)
+                          self.final_norm, self.lm_head, ends)
 
     def _attend(self, pool: KvBlockPool, index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 slots: torch.Tensor, flat_tables: torch.Tensor, mask: torch.Tensor, rows: int) -> torch.Tensor:
-        """Write the rows' keys and values, gather their blocks, attend: `[rows, heads x head_dim]`. The query heads
-        that share a key-value head go as its queries (as `model_patches.grouped_decode_attention`)."""
+        """Write the tokens' keys and values, gather each row's blocks, attend: `[tokens, heads x head_dim]`. The
+        query heads that share a key-value head go as that head's queries (as
+        `model_patches.grouped_decode_attention`), so SDPA reads each key and value once."""
         keys, values = pool.keys[index], pool.values[index]
-        kv_heads, dim = self.kv_heads, self.head_dim
+        kv_heads, dim, group = self.kv_heads, self.head_dim, self.heads // self.kv_heads
         keys.view(-1, kv_heads, dim).index_copy_(0, slots, key)
         values.view(-1, kv_heads, dim).index_copy_(0, slots, value)
         width = flat_tables.shape[0] // rows * keys.shape[1]
         gathered_keys = keys.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
         gathered_values = values.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
-        grouped = query.view(rows, kv_heads, self.heads // kv_heads, dim)
+        queries = query.shape[0] // rows
+        # [rows x queries, kv_heads x group, dim] -> [rows, kv_heads, group x queries, dim] (a view for one query)
+        grouped = query.view(rows, queries, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(
+            rows, kv_heads, group * queries, dim)
         output = F.scaled_dot_product_attention(grouped, gathered_keys, gathered_values, attn_mask=mask,
                                                 scale=self.scaling)
-        return output.reshape(rows, self.heads * dim)
+        return output.view(rows, kv_heads, group, queries, dim).permute(0, 3, 1, 2, 4).reshape(
+            rows * queries, self.heads * dim)
 
     # -- the compiled pieces: pure functions of tensors (weights included), so one graph serves every layer ---------
     def _attention_inputs(self, hidden: torch.Tensor, norm: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor,
                           sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The layer's rotated query `[rows, heads, dim]`, key and value `[rows, kv_heads, dim]`."""
+        """The layer's rotated query `[tokens, heads, dim]`, key and value `[tokens, kv_heads, dim]`."""
         rows, dim = hidden.shape[0], self.head_dim
         projected = F.linear(F.rms_norm(hidden, hidden.shape[-1:], norm, self.eps), qkv)
         query, key, value = projected.split([self.heads * dim, self.kv_heads * dim, self.kv_heads * dim], dim=-1)
@@ -142,13 +153,14 @@ class FusedDecode:
         hidden = self._layer_output(hidden, attention, output, post_norm, gate_up, down)
         return hidden, *self._attention_inputs(hidden, next_norm, next_qkv, cos, sin)
 
-    def _last_logits(self, hidden, attention, output, post_norm, gate_up, down, final_norm, lm_head) -> torch.Tensor:
-        hidden = self._layer_output(hidden, attention, output, post_norm, gate_up, down)
+    def _last_logits(self, hidden, attention, output, post_norm, gate_up, down, final_norm, lm_head,
+                     last) -> torch.Tensor:
+        hidden = self._layer_output(hidden, attention, output, post_norm, gate_up, down)[last]
         return F.linear(F.rms_norm(hidden, hidden.shape[-1:], final_norm, self.eps), lm_head).float()
 
 
 def _rotated(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of `[rows, heads, dim]` with `[rows, dim]` cos and sin (transformers' rotate-half form)."""
+    """Rotary embedding of `[tokens, heads, dim]` with `[tokens, dim]` cos and sin (transformers' rotate-half form)."""
     half = states.shape[-1] // 2
     rotated = torch.cat((-states[..., half:], states[..., :half]), dim=-1)
     return states * cos[:, None] + rotated * sin[:, None]
