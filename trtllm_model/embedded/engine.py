@@ -280,8 +280,8 @@ class Engine:
                 lap = self._lap("accept", lap)
         if self.in_flight is not None and self._launches == launches_before:
             self._read_in_flight()  # nothing launched this iteration: the last step's tokens are all that is left
-        for group in prefill_groups(admitted):
-            self._prefill(group)
+        if admitted:
+            self._prefill(prefill_groups(admitted))
         self._release_finished()
         self.iteration += 1
         self._record_stats(decoded, joined, context_tokens)
@@ -440,28 +440,40 @@ class Engine:
         self._release_finished()
         return steps
 
-    def _prefill(self, group: list[Sequence]) -> None:
-        """Prefill a group's uncached prompt tokens into its own new blocks; a failed prefill wrote nothing that any
-        other request reads (its blocks are not findable before this succeeds), so its blocks are just freed."""
+    def _prefill(self, groups: list[list[Sequence]]) -> None:
+        """Prefill the groups' uncached prompt tokens into their own new blocks, then sample the first tokens of the
+        prompts that are complete: every group's forward is launched before the host waits for any logits, so the
+        device computes one group while the host launches the next (one wait an iteration, not one a group)."""
         self.runner.pool.zero_up_to(self.blocks.high_water)
+        done, logits = [], []
+        for group in groups:
+            for prefilled, group_logits in self._prefill_forwards(group):
+                group_logits, group_done = self._prompts_done(prefilled, group_logits, 0)
+                done += group_done
+                logits.append(group_logits)
+        self.running.extend(done)
+        if not done:
+            return
+        logits = torch.cat(logits) if len(logits) > 1 else logits[0]
+        steps = self._accept(done, logits, self._sample(done, logits), prefill=True)
+        self._release_finished()
+        self._publish(steps)
+
+    def _prefill_forwards(self, group: list[Sequence]) -> list[tuple[list[Sequence], torch.Tensor]]:
+        """[(prompts, their chunks' logits)]: the group's forward, or when it fails each prompt's own. A prompt whose
+        own forward fails ends with an error step; it wrote nothing that any other request reads (its blocks are not
+        findable before its prefill succeeds), so its blocks are just freed."""
         try:
-            logits = self.runner.prefill(group)
+            return [(group, self.runner.prefill(group))]
         except Exception as exc:  # noqa: BLE001 - whose it was is found out below
             if len(group) == 1:
                 step = self._fail(group[0], "prefill", exc)
                 self.scheduler.prefilled(group[0])
                 self._release(group[0])
                 self._publish([step])
-                return
+                return []
             log.warning("prefill of %d requests failed (%s); each is tried alone", len(group), exc)
-            for sequence in group:
-                self._prefill([sequence])
-            return
-        logits, done = self._prompts_done(group, logits, 0)
-        self.running.extend(done)
-        steps = self._accept(done, logits, self._sample(done, logits), prefill=True)
-        self._release_finished()
-        self._publish(steps)
+            return [part for sequence in group for part in self._prefill_forwards([sequence])]
 
     def _computed(self, sequence: Sequence, tokens: int) -> None:
         """The keys and values of the sequence's first `tokens` tokens are written: its full blocks become shareable."""
