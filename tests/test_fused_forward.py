@@ -1,7 +1,8 @@
-"""Fused decode steps (issue 33 item 2, embedded/fused_forward.py), on CPU: a decode step run as the fused pieces gives
-the greedy tokens and log probs of transformers' own forward, for SmolLM2 with and without the graphs' bucketed
-static inputs (padding rows, prompts prefilled as rows of the step); compiled by inductor, the pieces trace whole,
-match their uncompiled selves, and one graph serves every layer. Only plain Llama layers are taken."""
+"""Fused forwards (issue 33 item 2, embedded/fused_forward.py), on CPU: decode steps and prompt chunks run as the fused
+pieces give the greedy tokens and log probs of transformers' own forward, for SmolLM2 with and without the graphs'
+bucketed static inputs (padding rows, prompts prefilled as rows of the step); compiled by inductor, the pieces trace
+whole, match their uncompiled selves, and one graph serves every layer; the engine's warm-up of the prompt shapes
+writes only the trash block. Only plain Llama layers are taken."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ what they compute; and a prompt's eager forward costs the host as many launches.
 The compiled functions take the layer's weights as arguments, so one graph serves every layer (a few compiles in
 all: the first shape, then shapes made dynamic, then one token). The merged qkv and gate/up weights are copies made
 once. The step's attention mask is made once, not per layer. Within a CUDA graph capture nothing compiles: the
-runner's warm-up runs each bucket's shape first. Measured on an H200: docs/performance.md ("Fused forwards").
+runner's warm-up runs each bucket's shape first. Measured on an H200: docs/performance.md ("fused prompt forwards"
+and "fused decode steps").
 
 Only plain Llama layers are taken (`supports`); anything else keeps transformers' forward.
 """
