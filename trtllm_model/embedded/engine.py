@@ -280,8 +280,12 @@ class Engine:
                 lap = self._lap("accept", lap)
         if self.in_flight is not None and self._launches == launches_before:
             self._read_in_flight()  # nothing launched this iteration: the last step's tokens are all that is left
-        if admitted:
-            self._prefill(prefill_groups(admitted))
+        groups = prefill_groups(admitted)
+        # With overlapped steps (CUDA) the groups' forwards are queued back to back and their first tokens read once.
+        # Without (the CPU, where a forward is done when its call returns), each group's first tokens go out before
+        # the next group's forward: reading them all at the end raised the CPU's TTFT p50 at 8 streams 0.29 -> 0.40 s.
+        for batch in [groups] if groups and self.config.overlap_steps else [[group] for group in groups]:
+            self._prefill(batch)
         self._release_finished()
         self.iteration += 1
         self._record_stats(decoded, joined, context_tokens)
