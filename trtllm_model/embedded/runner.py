@@ -108,7 +108,7 @@ class ModelRunner:
         # attending over the whole prompt's table cost it as much as its own tokens (CPU, 64 of 2,048 tokens).
         width = max(-(-sequence.prefill_end // block_size) for sequence in sequences)
         rows = len(sequences)
-        # Built in numpy: a torch op per row costs the host more than the row's share of a fused forward.
+        # Built in numpy, not with torch ops per row (each one a dispatch on the host).
         ids = np.zeros((rows, queries), dtype=np.int64)
         positions = np.zeros((rows, queries), dtype=np.int64)
         tables = np.full((rows, width), TRASH_BLOCK, dtype=np.int64)
@@ -234,8 +234,9 @@ class ModelRunner:
         return len(self._graphs)
 
     def warm_up_prefill(self) -> bool:
-        """With fused forwards, compile the prompt forwards' shapes now (each a few seconds on a GPU) rather than in the first requests' prefills; whether there was anything to compile. Padding rows
-        only: they write to the trash block."""
+        """With fused forwards, compile the prompt forwards' shapes now (each a few seconds on a GPU) rather than in
+        the first requests' prefills; whether there was anything to compile. Padding rows only: they write to the
+        trash block."""
         if self.fused_forward is None:
             return False
         block_size = self.pool.block_size
