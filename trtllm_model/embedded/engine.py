@@ -252,6 +252,7 @@ class Engine:
         decoded, joined = len(decoding), len(admitted)
         joining, admitted = self._prefills_in_decode(admitted, len(decoding))
         lap = self._lap("schedule", lap)
+        logits, done = None, []
         if decoding or joining:
             self.runner.pool.zero_up_to(self.blocks.high_water)
             logits, prefilled = self._decode(decoding, joining)
@@ -259,33 +260,41 @@ class Engine:
                 admitted = [*joining, *admitted]
             for sequence in decoding:
                 self._computed(sequence, len(sequence.token_ids))
-            lap = self._lap("decode", lap)
             if logits is not None:
                 logits, done = self._prompts_done(prefilled, logits, len(decoding))
-                rows = [*decoding, *done]
-                launched = self._launch_sampling(rows, len(decoding), logits) if self.config.overlap_steps else None
-                if launched is not None:
-                    lap = self._lap("sample", lap)
-                    steps = self._accept_in_flight()
-                    self.in_flight = launched if rows else None
-                else:
-                    self._read_in_flight()  # first: the rows' sampling reads their tokens so far
-                    sampled = self._sample(rows, logits)
-                    lap = self._lap("sample", lap)
-                    steps = self._accept(decoding, logits[: len(decoding)], sampled[: len(decoding)])
-                    steps += self._accept(done, logits[len(decoding):], sampled[len(decoding):], prefill=True)
-                self.running.extend(done)
-                self._release_finished()  # before their final steps go out: a client that has one finds them free
-                self._publish(steps)
-                lap = self._lap("accept", lap)
+            lap = self._lap("decode", lap)
+        if admitted and self.config.overlap_steps:
+            # The prompts prefilled apart join this step's rows: their first tokens are sampled on the device with
+            # the decoding rows' and fed to the next step from there, so the host does not wait for their forwards.
+            apart, apart_logits = self._prompt_forwards(prefill_groups(admitted))
+            admitted = []
+            if apart:
+                logits = apart_logits if logits is None else torch.cat([logits, apart_logits])
+                done += apart
+            lap = self._lap("prefill", lap)
+        if logits is not None:
+            rows = [*decoding, *done]
+            launched = self._launch_sampling(rows, len(decoding), logits) if self.config.overlap_steps else None
+            if launched is not None:
+                lap = self._lap("sample", lap)
+                steps = self._accept_in_flight()
+                self.in_flight = launched if rows else None
+            else:
+                self._read_in_flight()  # first: the rows' sampling reads their tokens so far
+                sampled = self._sample(rows, logits)
+                lap = self._lap("sample", lap)
+                steps = self._accept(decoding, logits[: len(decoding)], sampled[: len(decoding)])
+                steps += self._accept(done, logits[len(decoding):], sampled[len(decoding):], prefill=True)
+            self.running.extend(done)
+            self._release_finished()  # before their final steps go out: a client that has one finds them free
+            self._publish(steps)
+            lap = self._lap("accept", lap)
         if self.in_flight is not None and self._launches == launches_before:
             self._read_in_flight()  # nothing launched this iteration: the last step's tokens are all that is left
-        groups = prefill_groups(admitted)
-        # With overlapped steps (CUDA) the groups' forwards are queued back to back and their first tokens read once.
-        # Without (the CPU, where a forward is done when its call returns), each group's first tokens go out before
-        # the next group's forward: reading them all at the end raised the CPU's TTFT p50 at 8 streams 0.29 -> 0.40 s.
-        for batch in [groups] if groups and self.config.overlap_steps else [[group] for group in groups]:
-            self._prefill(batch)
+        # Without overlapped steps (the CPU, where a forward is done when its call returns) each group's first tokens
+        # go out before the next group's forward: read all at the end, TTFT p50 at 8 streams was 0.29 -> 0.40 s.
+        for group in prefill_groups(admitted):
+            self._prefill(group)
         self._release_finished()
         self.iteration += 1
         self._record_stats(decoded, joined, context_tokens)
@@ -444,24 +453,30 @@ class Engine:
         self._release_finished()
         return steps
 
-    def _prefill(self, groups: list[list[Sequence]]) -> None:
-        """Prefill the groups' uncached prompt tokens into their own new blocks, then sample the first tokens of the
-        prompts that are complete: every group's forward is launched before the host waits for any logits, so the
-        device computes one group while the host launches the next (one wait an iteration, not one a group)."""
+    def _prefill(self, group: list[Sequence]) -> None:
+        """Prefill a group's chunks (steps without overlap): the first tokens of its complete prompts are sampled and
+        sent at once."""
+        done, logits = self._prompt_forwards([group])
+        self.running.extend(done)
+        if done:
+            steps = self._accept(done, logits, self._sample(done, logits), prefill=True)
+            self._release_finished()
+            self._publish(steps)
+
+    def _prompt_forwards(self, groups: list[list[Sequence]]) -> tuple[list[Sequence], torch.Tensor | None]:
+        """The groups' chunks prefilled into their own new blocks: (the prompts now complete, the logits of their last
+        tokens), None without any. Nothing waits for the device: every group's forward is queued back to back."""
         self.runner.pool.zero_up_to(self.blocks.high_water)
         done, logits = [], []
         for group in groups:
             for prefilled, group_logits in self._prefill_forwards(group):
                 group_logits, group_done = self._prompts_done(prefilled, group_logits, 0)
-                done += group_done
-                logits.append(group_logits)
-        self.running.extend(done)
+                if group_done:
+                    done += group_done
+                    logits.append(group_logits)
         if not done:
-            return
-        logits = torch.cat(logits) if len(logits) > 1 else logits[0]
-        steps = self._accept(done, logits, self._sample(done, logits), prefill=True)
-        self._release_finished()
-        self._publish(steps)
+            return [], None
+        return done, torch.cat(logits) if len(logits) > 1 else logits[0]
 
     def _prefill_forwards(self, group: list[Sequence]) -> list[tuple[list[Sequence], torch.Tensor]]:
         """[(prompts, their chunks' logits)]: the group's forward, or when it fails each prompt's own. A prompt whose
