@@ -185,3 +185,27 @@ def test_min_tokens_holds_on_the_device_with_overlapped_steps(plain, overlapped)
         assert_same(run_all(overlapped, requests), expected)
     assert counts["fed"] > 0
     assert_pool_empty(overlapped)
+
+
+def test_a_prompt_whose_prefill_fails_fails_alone_with_overlapped_steps(plain, overlapped, monkeypatch):
+    """Prompts prefilled apart join the overlapped step's rows; one whose forward fails (its group's, then its own)
+    ends with an error and the others, in its group and beside it, get the tokens of plain steps."""
+    poison = 31337
+    prefill = overlapped.runner.prefill
+
+    def failing_prefill(sequences):
+        if any(poison in sequence.token_ids for sequence in sequences):
+            raise RuntimeError("simulated prefill failure")
+        return prefill(sequences)
+
+    # Lengths far apart: several prefill groups in one step, the poisoned prompt grouped with a healthy one.
+    requests = [GenerationRequest(input_ids=[1, 40 + i] * length, max_tokens=6)
+                for i, length in enumerate([2, 2, 9, 9, 30])]
+    poisoned = GenerationRequest(input_ids=[1, poison] + [7] * 16, max_tokens=6)
+    expected = [outcome(steps) for steps in run_all(plain, requests)]
+    monkeypatch.setattr(overlapped.runner, "prefill", failing_prefill)
+    *healthy, failed = run_all(overlapped, [*requests, poisoned])
+    assert [step.is_final for step in failed] == [True]
+    assert failed[-1].finish_reason is FinishReason.ERROR and "simulated prefill failure" in failed[-1].error
+    assert_same(healthy, expected)
+    assert_pool_empty(overlapped)
