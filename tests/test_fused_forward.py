@@ -94,38 +94,6 @@ def test_fused_steps_give_the_tokens_and_log_probs_of_transformers_forward(loade
     assert_same_answers(got, expected, 1e-4)
 
 
-def test_prompt_forwards_padded_to_the_graphs_buckets_give_the_tokens_and_log_probs_of_exact_ones(loaded):
-    """On CUDA a prompt forward is padded to a captured bucket (rows and queries to powers of two: padding queries,
-    and padding rows of trash blocks) and replayed; here the same padded inputs run eagerly. Two chat prompts go
-    first, then three bare questions (short, so they share no cached block: a group of three and a padding row)."""
-    template = loaded.tokenizer.apply_chat_template
-    prompts = [loaded.tokenizer.encode(template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                tokenize=False)) for q in QUESTIONS[:2]]
-    prompts += [loaded.tokenizer.encode(q) for q in QUESTIONS[2:]]
-    expected, _ = run_with(loaded.model, loaded.tokenizer, prompts, 8, FusedForward(loaded.model, compile=False))
-    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, fused_forward=False)
-    runner = executor.runner
-    runner.static_shapes = True  # prompts are prefilled apart: no captured decode bucket to join (max_graph_rows 0)
-    buckets = {(rows, queries, rows, runner._prefill_width(queries)) for rows in (1, 2, 4, 8)
-               for queries in (16, 32, 64, 128, 256)}
-    runner.prefill_buckets.update(buckets)
-    fused, shapes = FusedForward(loaded.model, compile=False), []
-
-    def recording(inputs, pool):
-        shapes.append((*inputs.input_ids.shape, *inputs.block_tables.shape))
-        return fused(inputs, pool)
-
-    runner.fused_forward = recording
-    try:
-        got = answers(executor, prompts, 8)
-    finally:
-        executor.shutdown()
-    prompt_shapes = [shape for shape in shapes if shape[1] > 1]
-    assert any(shape in buckets for shape in prompt_shapes), prompt_shapes
-    assert any(shape[0] == 4 for shape in prompt_shapes), prompt_shapes  # three prompts and a padding row
-    assert_same_answers(got, expected, 1e-4)
-
-
 def test_compiled_pieces_trace_whole_match_their_uncompiled_selves_and_serve_every_layer():
     """Inductor on CPU (C++); a graph break would raise (fullgraph). A 2-layer and a 4-layer model compile the same
     number of graphs: the layers' weights are arguments, not guards."""

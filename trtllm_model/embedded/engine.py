@@ -202,8 +202,8 @@ class Engine:
                 self._ready.notify_all()
 
     def _warm_up(self) -> None:
-        """Before the first request (they wait meanwhile): the decode steps' CUDA graphs, the prompt forwards'
-        compiles and their graphs, if the runner has them."""
+        """Before the first request (they wait meanwhile): the decode steps' CUDA graphs and the prompt forwards'
+        compiles, if the runner has them."""
         started = time.monotonic()
         captured = self.runner.capture_decode_graphs(self.config.max_batch_size + GRAPH_PREFILL_ROWS)
         if captured:
@@ -211,10 +211,6 @@ class Engine:
         started = time.monotonic()
         if self.runner.warm_up_prefill():
             log.info("compiled the prompt forwards in %.1f s", time.monotonic() - started)
-        started = time.monotonic()
-        captured = self.runner.capture_prefill_graphs(self.config.max_batch_size, self.config.max_num_tokens)
-        if captured:
-            log.info("captured %d prompt forward graphs in %.1f s", captured, time.monotonic() - started)
         if self.runner.device.type == "cuda":
             # What loading, compiling and capturing left goes out of the collector's reach (as vLLM does after its
             # capture): a full collection walks every object, about 0.2 s for the loaded model alone on this

@@ -5,8 +5,7 @@ block tables. With `static_shapes` (the default on CUDA) a decode step is padded
 table width, powers of two) and its inputs are copied in place into tensors kept per bucket: the shapes and
 addresses a CUDA graph of the decode step replays. With `cuda_graphs` (CUDA and static shapes only) each bucket's
 decode forward is captured on its first use (after a warm-up on a side stream; the buckets share one private memory
-pool) and replayed after, the logits read from the graph's static output. With fused forwards, prompt forwards too
-are replayed from graphs captured at warm-up: rows and queries padded to powers of two (`capture_prefill_graphs`).
+pool) and replayed after, the logits read from the graph's static output.
 
 A decode step may feed some rows a token that is still on the device (the engine's overlapped steps). Without
 static shapes (the CPU), rows whose block tables differ a lot go in separate forwards (`width_groups`).
@@ -35,8 +34,6 @@ log = logging.getLogger(__name__)
 
 # GPU memory a bucket's capture leaves free beyond its estimated peak (the estimate is rough).
 GRAPH_MEMORY_MARGIN_BYTES = 256 << 20
-# Captured prompt buckets have at least this many queries a row (smaller prompts pad up to it).
-MIN_PREFILL_QUERIES = 16
 
 
 class ModelRunner:
@@ -67,13 +64,12 @@ class ModelRunner:
             fused_forwards = self.device.type == "cuda" and fused_forward.supports(model)
         self.fused_forward = fused_forward.FusedForward(model) if fused_forwards else None
         self.pool: KvBlockPool | None = None
-        self._static_inputs: dict[tuple[int, ...], StepInputs] = {}  # _shape_key -> that bucket's tensors
+        self._static_inputs: dict[tuple[int, int], StepInputs] = {}  # (rows, width) -> that bucket's tensors
         self.cuda_graphs = cuda_graphs and self.static_shapes and self.device.type == "cuda"
-        self._graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, logits)
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, logits)
         self._graph_pool = None
         self.max_graph_rows = 0  # rows of the largest captured bucket (capture_decode_graphs)
-        self._eager_buckets: set[tuple[int, ...]] = set()  # not captured: the GPU memory left was too little
-        self.prefill_buckets: set[tuple[int, ...]] = set()  # prompt buckets prefill() pads to (capture_prefill_graphs)
+        self._eager_buckets: set[tuple[int, int]] = set()  # not captured: the GPU memory left was too little
         # transformers 5.x renamed `past_key_values` to `cache`; accept either.
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -100,59 +96,34 @@ class ModelRunner:
         self._static_inputs.clear()
         self._graphs.clear()  # they captured the old pool's addresses
         self._eager_buckets.clear()
-        self.prefill_buckets.clear()
         return self.pool
 
     # -- steps -----------------------------------------------------------------------------------------------------
     def prefill(self, sequences: list[Sequence]) -> torch.Tensor:
         """Each sequence's chunk `[num_computed, prefill_end)`, left-padded into one forward; `[n, vocab]` logits at
-        each chunk's last token. A shape padded to one of the captured prompt buckets (`capture_prefill_graphs`) is
-        a graph replay; any other runs eagerly."""
+        each chunk's last token."""
         block_size = self.pool.block_size
-        rows = len(sequences)
         queries = max(sequence.prefill_len for sequence in sequences)
         # Only the blocks up to each chunk's end: the keys past it are masked anyway, and a chunk of a long prompt
         # attending over the whole prompt's table cost it as much as its own tokens (CPU, 64 of 2,048 tokens).
         width = max(-(-sequence.prefill_end // block_size) for sequence in sequences)
-        bucket = self._prefill_bucket(rows, queries, width)
-        if bucket is not None:
-            rows, queries, _, width = bucket  # padding rows: every query a padding query, every block the trash
+        rows = len(sequences)
         # Built in numpy, not with torch ops per row (each one a dispatch on the host).
         ids = np.zeros((rows, queries), dtype=np.int64)
         positions = np.zeros((rows, queries), dtype=np.int64)
         tables = np.full((rows, width), TRASH_BLOCK, dtype=np.int64)
-        lengths = np.zeros(rows, dtype=np.int64)
         for row, sequence in enumerate(sequences):
             start, end = sequence.num_computed, sequence.prefill_end
             used = -(-end // block_size)
             tables[row, :used] = sequence.blocks.block_ids[:used]
             ids[row, queries - (end - start) :] = sequence.token_ids[start:end]
             positions[row, queries - (end - start) :] = np.arange(start, end)
-            lengths[row] = end - start
         # A padding query writes its key and value to the trash block.
-        padding = np.arange(queries)[None, :] < (queries - lengths)[:, None]
+        padding = np.arange(queries)[None, :] < (queries - np.array([s.prefill_len for s in sequences]))[:, None]
         slots = np.take_along_axis(tables, positions // block_size, 1) * block_size + positions % block_size
         slots[padding] = TRASH_BLOCK * block_size
         inputs = StepInputs(*(torch.from_numpy(array) for array in (ids, positions, slots.reshape(-1), tables)))
-        if bucket is None:
-            return self._forward(self._on_device(inputs))
-        inputs = self._static_copy(inputs)
-        logits = self._graph_logits(inputs) if self.cuda_graphs else self._forward(inputs)
-        # A copy: the next replay of the bucket overwrites the graph's output (even within one engine iteration).
-        return logits[: len(sequences)].clone()
-
-    def _prefill_bucket(self, rows: int, queries: int, width: int) -> tuple[int, int, int, int] | None:
-        """The captured prompt bucket `(rows, queries, rows, width)` this shape pads to, or None."""
-        if not self.prefill_buckets:
-            return None
-        queries = max(MIN_PREFILL_QUERIES, _bucket(queries))
-        bucket = (_bucket(rows), queries, _bucket(rows), self._prefill_width(queries))
-        # A chunk after a cached prefix or an earlier chunk reads more blocks than its own queries fill: eager.
-        return bucket if bucket in self.prefill_buckets and width <= bucket[3] else None
-
-    def _prefill_width(self, queries: int) -> int:
-        """Block-table width of a prompt bucket: the blocks its queries fill when the prompt starts at position 0."""
-        return min(_bucket(-(-queries // self.pool.block_size)), self.max_blocks_per_sequence)
+        return self._forward(self._on_device(inputs))
 
     def decode(
         self, sequences: list[Sequence], prefills: list[Sequence] = (), fed: torch.Tensor | None = None
@@ -255,13 +226,12 @@ class ModelRunner:
                 torch.full((rows, width), TRASH_BLOCK, dtype=torch.long),
             )
             self._graph_logits(self._static_copy(inputs))
-        decode_buckets = [key for key in self._graphs if key[1] == 1]
-        self.max_graph_rows = max((key[0] for key in decode_buckets), default=0)
+        self.max_graph_rows = max((rows for rows, _ in self._graphs), default=0)
         if self._eager_buckets:
             log.warning("%d of %d decode buckets run eagerly: their forward does not fit in the GPU memory left "
                         "beside the KV pool (lower kv_cache_free_gpu_mem_fraction to capture them)",
                         len(self._eager_buckets), len(buckets))
-        return len(decode_buckets)
+        return len(self._graphs)
 
     def warm_up_prefill(self) -> bool:
         """With fused forwards, compile the prompt forwards' shapes now (each a few seconds on a GPU) rather than in
@@ -280,49 +250,13 @@ class ModelRunner:
             )))
         return True
 
-    def capture_prefill_graphs(self, max_rows: int, max_tokens: int) -> int:
-        """With fused forwards and `cuda_graphs`, capture the prompt forwards' buckets: rows and queries (at least
-        MIN_PREFILL_QUERIES) in powers of two, up to `max_rows` rows and twice `max_tokens` tokens, the table as wide
-        as the queries fill. A prompt forward costs the host about as many launches whatever its size (an H200 host:
-        about 15 ms for SmolLM2's 30 layers, while its GPU took 2-11 ms), so a replay of a padded shape is cheaper
-        than launching the exact one. Run after `warm_up_prefill`, so nothing compiles inside a capture. Returns how
-        many were captured."""
-        if not self.cuda_graphs or self.fused_forward is None:
-            return 0
-        block_size = self.pool.block_size
-        buckets = []
-        for rows in (1 << n for n in range(_bucket(max_rows).bit_length())):
-            queries = MIN_PREFILL_QUERIES
-            while queries <= _bucket(max_tokens) and rows * queries <= 2 * max_tokens:
-                width = self._prefill_width(queries)
-                if rows * width <= self.pool.num_blocks:
-                    buckets.append((rows, queries, width))
-                queries *= 2
-        for rows, queries, width in sorted(buckets, key=lambda bucket: -bucket[0] * bucket[1]):  # largest first
-            inputs = StepInputs(
-                torch.zeros((rows, queries), dtype=torch.long),
-                torch.zeros((rows, queries), dtype=torch.long),
-                torch.full((rows * queries,), TRASH_BLOCK * block_size, dtype=torch.long),
-                torch.full((rows, width), TRASH_BLOCK, dtype=torch.long),
-            )
-            static = self._static_copy(inputs)
-            self._graph_logits(static)
-            key = _shape_key(static)
-            if key in self._graphs:
-                self.prefill_buckets.add(key)
-        return len(self.prefill_buckets)
-
-    def _fits_beside_pool(self, rows: int, queries: int, width: int) -> bool:
-        """Whether a forward of this bucket fits in the GPU memory free now (an estimate of its peak: the gathered
-        keys and values, twice, the attention mask, the logits in both dtypes, the layer activations), with a
-        margin."""
-        keys = width * self.pool.block_size
-        gathered = 2 * rows * keys * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+    def _fits_beside_pool(self, rows: int, width: int) -> bool:
+        """Whether a decode forward of this bucket fits in the GPU memory free now (an estimate of its peak: the
+        gathered keys and values, twice, the logits in both dtypes, the layer activations), with a margin."""
+        gathered = 2 * rows * width * self.pool.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
         config = self.model.config
-        group = config.num_attention_heads // self.num_kv_heads
-        mask = rows * queries * keys * (1 + (1 + group) * self.dtype.itemsize)  # boolean, additive, repeated by group
-        activations = rows * queries * (config.hidden_size + 2 * getattr(config, "intermediate_size", 0)) * 4 * 4
-        need = 2 * gathered + mask + rows * self.vocab_size * (self.dtype.itemsize + 8) + activations
+        activations = rows * (config.hidden_size + 2 * getattr(config, "intermediate_size", 0)) * 4 * 4
+        need = 2 * gathered + rows * self.vocab_size * (self.dtype.itemsize + 8) + activations
         free, _ = torch.cuda.mem_get_info(self.device)
         cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         return need + GRAPH_MEMORY_MARGIN_BYTES <= free + cached
@@ -359,7 +293,7 @@ class ModelRunner:
 
     def _static_copy(self, inputs: StepInputs) -> StepInputs:
         """The bucket's own tensors, filled in place (same addresses every step of that bucket)."""
-        key = _shape_key(inputs)
+        key = tuple(inputs.block_tables.shape)
         static = self._static_inputs.get(key)
         if static is None:
             static = StepInputs(*(torch.empty_like(tensor, device=self.device) for tensor in _fields(inputs)))
@@ -371,10 +305,10 @@ class ModelRunner:
 
     def _graph_logits(self, inputs: StepInputs) -> torch.Tensor:
         """The decode forward of `inputs`' bucket replayed (captured first if new); the graph's own logits tensor."""
-        key = _shape_key(inputs)
+        key = tuple(inputs.block_tables.shape)
         captured = self._graphs.get(key)
         if captured is None:
-            if key in self._eager_buckets or not self._fits_beside_pool(*key[:2], key[3]):
+            if key in self._eager_buckets or not self._fits_beside_pool(*key):
                 self._eager_buckets.add(key)
                 return self._forward(inputs)
             captured = self._graphs[key] = self._capture(inputs)
@@ -423,11 +357,6 @@ def width_groups(widths: list[int], forward_cost: float) -> list[list[int]]:
 
 def _fields(inputs: StepInputs) -> tuple[torch.Tensor, ...]:
     return inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.block_tables
-
-
-def _shape_key(inputs: StepInputs) -> tuple[int, int, int, int]:
-    """(rows, queries, rows, width): what a bucket's static tensors and graph are kept under."""
-    return (*inputs.input_ids.shape, *inputs.block_tables.shape)
 
 
 def _bucket(count: int) -> int:
