@@ -1,0 +1,150 @@
+"""Per-iteration timeline of the engine at N streams (bench/engine.py's chat prompts, 64 new tokens each): the
+first iterations (those that prefill) apart from the rest, each with its wall ms and the engine thread's ms per
+phase; then, on CUDA, one round under torch.profiler: the GPU's busy time (union of its kernels and copies) against
+the wall time.
+
+    bash bench/gpu/run_on_gpu.sh python bench/gpu/iteration_timeline.py real 256 3        # SmolLM2, 3 rounds
+    bash bench/gpu/run_on_gpu.sh python bench/gpu/iteration_timeline.py tiny 256 2 fake   # host work only
+    MERGE=1 bash bench/gpu/run_on_gpu.sh python bench/gpu/iteration_timeline.py real 256 3  # one prefill group
+
+`fake`: the forward computes nothing (zero logits), so what is left is the engine's host work. `MERGE=1`: every
+iteration's prompts in one prefill forward, whatever the padding. Issue 33's runs of 2026-12-04 (docs/performance.md)
+ran this script as `.gpu/timeline.py` (the same code, reformatted since).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from engine import chat_prompts, run_executor  # noqa: E402
+from step_profile import tiny_model  # noqa: E402
+
+from trtllm_model.embedded import runner as runner_module  # noqa: E402
+from trtllm_model.embedded import scheduler  # noqa: E402
+from trtllm_model.embedded.engine import Engine  # noqa: E402
+from trtllm_model.embedded.model_loading import load_model, load_tokenizer  # noqa: E402
+from trtllm_model.executors.transformers_executor import TransformersExecutor  # noqa: E402
+
+Record = tuple[float, dict[str, float]]  # (iteration seconds, seconds per phase)
+
+
+def zero_logits_forward(self, inputs):
+    """A forward that computes nothing: `[rows, 64]` zeros (argmax 0)."""
+    rows = inputs.input_ids.shape[0]
+    zeros = getattr(self, "_zeros", None)
+    if zeros is None or zeros.shape[0] < rows:
+        zeros = self._zeros = torch.zeros(max(rows, 512), 64, device=self.device)
+    return zeros[:rows]
+
+
+def recording(records: list[Record]):
+    """Engine._next_iteration that appends each iteration's wall seconds and phase seconds to `records`."""
+    original = Engine._next_iteration
+
+    def next_iteration(self):
+        before, started = dict(self.phase_seconds), time.perf_counter()
+        result = original(self)
+        phases = {phase: seconds - before.get(phase, 0.0) for phase, seconds in self.phase_seconds.items()}
+        records.append((time.perf_counter() - started, phases))
+        return result
+
+    return next_iteration
+
+
+def show(label: str, records: list[Record]) -> None:
+    if not records:
+        return
+    wall = sum(seconds for seconds, _ in records) * 1000
+    phases: dict[str, float] = {}
+    for _, split in records:
+        for phase, seconds in split.items():
+            phases[phase] = phases.get(phase, 0.0) + seconds * 1000
+    count = len(records)
+    print(f"  {label}: {count} it, {wall:.1f} ms, {wall / count:.2f} ms/it;",
+          ", ".join(f"{phase} {ms / count:.2f}" for phase, ms in phases.items()), flush=True)
+
+
+def gpu_busy_us(profiler) -> tuple[float, float, int]:
+    """(busy microseconds: the union of the device's intervals, first to last microseconds, intervals)."""
+    intervals = sorted((event.time_range.start, event.time_range.end) for event in profiler.events()
+                       if event.device_type == torch.autograd.DeviceType.CUDA)
+    busy, start, end = 0.0, None, None
+    for begin, finish in intervals:
+        if end is None or begin > end:
+            if end is not None:
+                busy += end - start
+            start, end = begin, finish
+        else:
+            end = max(end, finish)
+    if end is not None:
+        busy += end - start
+    span = intervals[-1][1] - intervals[0][0] if intervals else 0.0
+    return busy, span, len(intervals)
+
+
+def main() -> None:
+    which, level, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    torch.set_num_threads(4)
+    if os.environ.get("MERGE"):
+        scheduler.MAX_PADDING_SHARE = 100.0
+        print("prefill groups merged")
+    if len(sys.argv) > 4 and sys.argv[4] == "fake":
+        runner_module.ModelRunner._forward = zero_logits_forward
+    records: list[Record] = []
+    Engine._next_iteration = recording(records)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = load_tokenizer()
+    prompts = chat_prompts(tokenizer, level)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if which == "tiny":
+        model = tiny_model().to(device=device, dtype=dtype)
+    else:
+        model = load_model(device=device, dtype=str(dtype).split(".")[1]).model
+    with torch.inference_mode():
+        started = time.perf_counter()
+        executor = TransformersExecutor(model, tokenizer, max_batch_size=level, max_num_tokens=8192,
+                                        overlap_steps=device == "cuda")
+        run_executor(executor, prompts, 64, level)
+        print(f"engine up and first round in {time.perf_counter() - started:.1f} s; prompt buckets captured: "
+              f"{len(getattr(executor.runner, 'prefill_buckets', ()))}", flush=True)
+        for round_ in range(rounds):
+            records.clear()
+            tokens, seconds, ttfts = run_executor(executor, prompts, 64, level)
+            done = [record for record in records if record[1]]
+            print(f"round {round_}: {tokens / seconds:.0f} tok/s, {seconds * 1000:.1f} ms, ttft p50 "
+                  f"{sorted(ttfts)[len(ttfts) // 2] * 1000:.0f} ms", flush=True)
+            first = 0  # the leading iterations that prefill
+            while first < len(done) and (first < 1 or done[first][1].get("prefill", 0) > 0.0002):
+                first += 1
+            show("first iterations (prefill)", done[:first])
+            show("rest", done[first:])
+            print("   first 6 it ms:", [round(record[0] * 1000, 2) for record in done[:6]], "prefill ms:",
+                  [round(record[1].get("prefill", 0) * 1000, 2) for record in done[:6]])
+        if device == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+
+            records.clear()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+                started = time.perf_counter()
+                tokens, seconds, _ = run_executor(executor, prompts, 64, level)
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - started
+            busy, span, events = gpu_busy_us(profiler)
+            print(f"profiled round: {tokens / seconds:.0f} tok/s, wall {wall * 1000:.1f} ms; GPU first-to-last "
+                  f"{span / 1000:.1f} ms, busy {busy / 1000:.1f} ms, {events} device events")
+            show("profiled, all", [record for record in records if record[1]])
+        executor.shutdown()
+
+
+if __name__ == "__main__":
+    main()

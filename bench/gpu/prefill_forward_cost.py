@@ -1,0 +1,165 @@
+"""What one prompt forward costs the host and the GPU, at the shapes of bench/engine.py's chat prompts at 256
+streams, for variants of embedded/fused_forward.py: host ms (the call to its return), wall ms (the call to a
+synchronize, the GPU idle before), GPU ms (the call queued behind a sleep kernel, so its launches do not pace it).
+
+    bash bench/gpu/run_on_gpu.sh python bench/gpu/prefill_forward_cost.py real     # SmolLM2 on the GPU
+    .venv/bin/python bench/gpu/prefill_forward_cost.py tiny                         # a dry run on the CPU
+
+Variants: the compiled pieces (main), the same uncompiled, compiled with inductor's C++ wrapper (CUDA only),
+attention and pieces compiled as one function a layer (the KV pool written inside it), the whole forward compiled.
+Issue 33's run of 2026-12-04 (docs/performance.md) ran this script as `.gpu/prefill_micro.py` (the same code,
+reformatted since).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from step_profile import tiny_model  # noqa: E402
+
+from trtllm_model.embedded import fused_forward  # noqa: E402
+from trtllm_model.embedded.kv_cache import KvBlockPool, StepInputs  # noqa: E402
+from trtllm_model.embedded.model_loading import load_model  # noqa: E402
+
+BLOCK_SIZE = 16
+# The prefill groups of bench/engine.py's 256 chat prompts (rows x queries), and the first three merged.
+SHAPES = [(69, 88), (61, 57), (1, 30), (131, 88), (78, 121), (22, 127)]
+
+
+class LayerCompiled(fused_forward.FusedForward):
+    """A layer's attention and the pieces after it as one compiled function."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model)
+        self._layer = torch.compile(self._layer_eager, fullgraph=True)
+
+    def _layer_eager(self, hidden, query, key, value, keys, values, slots, flat_tables, mask, output, post_norm,
+                     gate_up, down, next_norm, next_qkv, cos, sin):
+        rows = mask.shape[0]
+        kv_heads, dim, group = self.kv_heads, self.head_dim, self.heads // self.kv_heads
+        keys.view(-1, kv_heads, dim).index_copy_(0, slots, key)
+        values.view(-1, kv_heads, dim).index_copy_(0, slots, value)
+        width = flat_tables.shape[0] // rows * keys.shape[1]
+        gathered_keys = keys.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
+        gathered_values = values.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
+        queries = query.shape[0] // rows
+        grouped = query.view(rows, queries, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(
+            rows, kv_heads, group * queries, dim)
+        out = F.scaled_dot_product_attention(grouped, gathered_keys, gathered_values, attn_mask=mask,
+                                             scale=self.scaling)
+        attention = out.view(rows, kv_heads, group, queries, dim).permute(0, 3, 1, 2, 4).reshape(
+            rows * queries, self.heads * dim)
+        return self._between_attentions(hidden, attention, output, post_norm, gate_up, down, next_norm, next_qkv,
+                                        cos, sin)
+
+    def __call__(self, inputs: StepInputs, pool: KvBlockPool) -> torch.Tensor:
+        rows, queries = inputs.input_ids.shape
+        hidden = self.embed(inputs.input_ids.reshape(-1))
+        cos, sin = (part.reshape(rows * queries, -1) for part in self.rotary(hidden, inputs.positions))
+        allowed = inputs.attention_mask(pool.block_size)
+        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~allowed, -torch.inf)
+        if queries > 1:
+            mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
+        ends = torch.arange(queries - 1, rows * queries, queries, device=hidden.device)
+        flat_tables = inputs.block_tables.reshape(-1)
+        first, last = self.layers[0], len(self.layers) - 1
+        query, key, value = self._first(hidden, first.input_norm, first.qkv, cos, sin)
+        for index, (layer, after) in enumerate(zip(self.layers, self.layers[1:])):
+            hidden, query, key, value = self._layer(
+                hidden, query, key, value, pool.keys[index], pool.values[index], inputs.slot_mapping, flat_tables,
+                mask, layer.output, layer.post_norm, layer.gate_up, layer.down, after.input_norm, after.qkv, cos, sin)
+        attention = self._attend(pool, last, query, key, value, inputs.slot_mapping, flat_tables, mask, rows)
+        layer = self.layers[last]
+        return self._last(hidden, attention, layer.output, layer.post_norm, layer.gate_up, layer.down,
+                          self.final_norm, self.lm_head, ends)
+
+
+def variants(model: torch.nn.Module, cuda: bool):
+    yield "pieces (main)", fused_forward.FusedForward(model)
+    yield "eager pieces", fused_forward.FusedForward(model, compile=False)
+    if cuda:
+        forward = fused_forward.FusedForward(model, compile=False)
+        options = {"cpp_wrapper": True}
+        forward._first, forward._between, forward._last = (
+            torch.compile(piece, fullgraph=True, options=options)
+            for piece in (forward._first, forward._between, forward._last))
+        yield "pieces cpp_wrapper", forward
+    yield "layer compiled", LayerCompiled(model)
+    forward = fused_forward.FusedForward(model)
+    yield "whole forward compiled", torch.compile(lambda inputs, pool: forward(inputs, pool), dynamic=True)
+
+
+def main() -> None:
+    torch.set_num_threads(4)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if sys.argv[1] == "tiny":
+        model = tiny_model().to(device=device, dtype=dtype)
+    else:
+        model = load_model(device=str(device), dtype=str(dtype).split(".")[1]).model
+    config = model.config
+    kv_heads, head_dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+    # As large as a serving pool on the GPU, so that a copy of a whole pool layer would show in the GPU time.
+    pool = KvBlockPool(config.num_hidden_layers, 65536 if cuda else 4096, BLOCK_SIZE, kv_heads, head_dim, dtype,
+                       device)
+
+    def inputs(rows: int, queries: int) -> StepInputs:
+        width = -(-queries // BLOCK_SIZE)
+        ids = torch.randint(1, config.vocab_size, (rows, queries))
+        positions = torch.arange(queries).repeat(rows, 1)
+        tables = (1 + torch.arange(rows * width)).view(rows, width)
+        slots = (torch.gather(tables, 1, positions // BLOCK_SIZE) * BLOCK_SIZE + positions % BLOCK_SIZE).reshape(-1)
+        return StepInputs(*(tensor.to(device) for tensor in (ids, positions, slots, tables)))
+
+    def synchronize() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    with torch.inference_mode():
+        for name, forward in variants(model, cuda):
+            started = time.perf_counter()
+            try:
+                for shape in ((1, 2), (1, 3), (2, 2), *SHAPES):
+                    forward(inputs(*shape), pool)
+                synchronize()
+            except Exception as exc:  # noqa: BLE001 - a variant that does not compile is reported, the next runs
+                print(f"{name}: failed {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            print(f"{name}: warm-up {time.perf_counter() - started:.1f} s", flush=True)
+            for shape in SHAPES:
+                step = inputs(*shape)
+                host, wall, gpu = [], [], []
+                for _ in range(5):
+                    synchronize()
+                    begin = time.perf_counter()
+                    forward(step, pool)
+                    returned = time.perf_counter()
+                    synchronize()
+                    host.append((returned - begin) * 1000)
+                    wall.append((time.perf_counter() - begin) * 1000)
+                    if cuda:
+                        torch.cuda._sleep(int(2e8))
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        forward(step, pool)
+                        end.record()
+                        torch.cuda.synchronize()
+                        gpu.append(start.elapsed_time(end))
+                median = statistics.median
+                line = f"   {shape[0]:>3} x {shape[1]:>3}: host {median(host):6.2f} ms, wall {median(wall):6.2f} ms"
+                print(line + (f", GPU {median(gpu):6.2f} ms" if gpu else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()
