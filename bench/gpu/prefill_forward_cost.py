@@ -8,7 +8,7 @@ synchronize, the GPU idle before), GPU ms (the call queued behind a sleep kernel
 Variants: the compiled pieces (main), the same uncompiled, compiled with inductor's C++ wrapper (CUDA only),
 attention and pieces compiled as one function a layer (the KV pool written inside it), the whole forward compiled.
 Issue 33's run of 2026-12-04 (docs/performance.md) ran this script as `.gpu/prefill_micro.py` (the same code,
-reformatted since).
+reformatted since; the per-layer variant now calls FusedForward._attend instead of a copy of it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
@@ -36,6 +35,11 @@ BLOCK_SIZE = 16
 SHAPES = [(69, 88), (61, 57), (1, 30), (131, 88), (78, 121), (22, 127)]
 
 
+class _OneLayer:
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        self.keys, self.values = keys, values
+
+
 class LayerCompiled(fused_forward.FusedForward):
     """A layer's attention and the pieces after it as one compiled function."""
 
@@ -45,20 +49,8 @@ class LayerCompiled(fused_forward.FusedForward):
 
     def _layer_eager(self, hidden, query, key, value, keys, values, slots, flat_tables, mask, output, post_norm,
                      gate_up, down, next_norm, next_qkv, cos, sin):
-        rows = mask.shape[0]
-        kv_heads, dim, group = self.kv_heads, self.head_dim, self.heads // self.kv_heads
-        keys.view(-1, kv_heads, dim).index_copy_(0, slots, key)
-        values.view(-1, kv_heads, dim).index_copy_(0, slots, value)
-        width = flat_tables.shape[0] // rows * keys.shape[1]
-        gathered_keys = keys.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
-        gathered_values = values.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
-        queries = query.shape[0] // rows
-        grouped = query.view(rows, queries, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(
-            rows, kv_heads, group * queries, dim)
-        out = F.scaled_dot_product_attention(grouped, gathered_keys, gathered_values, attn_mask=mask,
-                                             scale=self.scaling)
-        attention = out.view(rows, kv_heads, group, queries, dim).permute(0, 3, 1, 2, 4).reshape(
-            rows * queries, self.heads * dim)
+        layer_pool = _OneLayer([keys], [values])  # the pool's layer, as _attend reads a pool
+        attention = self._attend(layer_pool, 0, query, key, value, slots, flat_tables, mask, mask.shape[0])
         return self._between_attentions(hidden, attention, output, post_norm, gate_up, down, next_norm, next_qkv,
                                         cos, sin)
 
