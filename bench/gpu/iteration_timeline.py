@@ -7,7 +7,9 @@ the wall time.
     bash bench/gpu/run_on_gpu.sh python bench/gpu/iteration_timeline.py tiny 256 2 fake   # host work only
     MERGE=1 bash bench/gpu/run_on_gpu.sh python bench/gpu/iteration_timeline.py real 256 3  # one prefill group
 
-`fake`: the forward computes nothing (zero logits), so what is left is the engine's host work. `MERGE=1`: every
+`fake`: the forward computes nothing (zero logits), so what is left is the engine's host work; on the CPU too the
+steps then go as on CUDA (static shapes, overlapped steps), so this machine can stand in for a GPU host's Python:
+`.venv/bin/python bench/gpu/iteration_timeline.py tiny 256 15 fake` (the median round is printed last). `MERGE=1`: every
 iteration's prompts in one prefill forward, whatever the padding. Issue 33's runs of 2026-12-04 (docs/performance.md)
 ran this script as `.gpu/timeline.py` (the same code, reformatted since).
 """
@@ -97,7 +99,8 @@ def main() -> None:
     if os.environ.get("MERGE"):
         scheduler.MAX_PADDING_SHARE = 100.0
         print("prefill groups merged")
-    if len(sys.argv) > 4 and sys.argv[4] == "fake":
+    fake = len(sys.argv) > 4 and sys.argv[4] == "fake"
+    if fake:
         runner_module.ModelRunner._forward = zero_logits_forward
     records: list[Record] = []
     Engine._next_iteration = recording(records)
@@ -112,14 +115,18 @@ def main() -> None:
     with torch.inference_mode():
         started = time.perf_counter()
         executor = TransformersExecutor(model, tokenizer, max_batch_size=level, max_num_tokens=8192,
-                                        overlap_steps=device == "cuda")
+                                        overlap_steps=device == "cuda" or fake)
+        if fake:
+            executor.runner.static_shapes = True  # as on CUDA (no graphs to capture on the CPU)
         run_executor(executor, prompts, 64, level)
         print(f"engine up and first round in {time.perf_counter() - started:.1f} s; prompt buckets captured: "
               f"{len(getattr(executor.runner, 'prefill_buckets', ()))}", flush=True)
+        rates = []
         for round_ in range(rounds):
             records.clear()
             tokens, seconds, ttfts = run_executor(executor, prompts, 64, level)
             done = [record for record in records if record[1]]
+            rates.append(tokens / seconds)
             print(f"round {round_}: {tokens / seconds:.0f} tok/s, {seconds * 1000:.1f} ms, ttft p50 "
                   f"{sorted(ttfts)[len(ttfts) // 2] * 1000:.0f} ms", flush=True)
             first = 0  # the leading iterations that prefill
@@ -129,6 +136,7 @@ def main() -> None:
             show("rest", done[first:])
             print("   first 6 it ms:", [round(record[0] * 1000, 2) for record in done[:6]], "prefill ms:",
                   [round(record[1].get("prefill", 0) * 1000, 2) for record in done[:6]])
+        print(f"median of {rounds} rounds: {sorted(rates)[len(rates) // 2]:.0f} tok/s", flush=True)
         if device == "cuda":
             from torch.profiler import ProfilerActivity, profile
 

@@ -44,7 +44,7 @@ from .kv_budget import KvBudget
 from .runner import ModelRunner
 from .sampling import NO_ALLOWED_TOKEN, ban_early_end_ids, sample_next_tokens, sample_on_device
 from .scheduler import Scheduler, SchedulerLimits, prefill_groups
-from .sequence import Sequence
+from .sequence import Sequence, Status
 from .step_budget import StepBudget
 from .transfers import to_device
 
@@ -309,10 +309,10 @@ class Engine:
         preempting anyone (a preempted sequence's token on the device would be lost, and with it a seeded draw)."""
         if not all(sequence.overlappable for sequence in self.running):
             return False
-        blocks = self.blocks
-        needed = sum(max(0, blocks.blocks_for(sequence.num_tokens) - len(sequence.blocks.block_ids))
+        size = self.blocks.block_size
+        needed = sum(max(0, -(-sequence.num_tokens // size) - len(sequence.blocks.block_ids))
                      for sequence in self.running)
-        return needed <= blocks.free_blocks
+        return needed <= self.blocks.free_blocks
 
     def _launch_sampling(self, rows: list[Sequence], decoding: int, logits: torch.Tensor) -> StepInFlight | None:
         """Sample the rows on the device and start the tokens' copy to the host, without waiting for either; None
@@ -558,12 +558,12 @@ class Engine:
         return step
 
     def _release_finished(self) -> None:
-        if not any(sequence.is_finished for sequence in self.running):
+        finished = [sequence for sequence in self.running if sequence.status is Status.FINISHED]  # one pass
+        if not finished:
             return
-        for sequence in self.running:
-            if sequence.is_finished:
-                self._release(sequence)
-        self.running = [sequence for sequence in self.running if not sequence.is_finished]
+        for sequence in finished:
+            self._release(sequence)
+        self.running = [sequence for sequence in self.running if sequence.status is not Status.FINISHED]
 
     def _record_stats(self, decoded: int, admitted: int, context_tokens: int) -> None:
         blocks = self.blocks

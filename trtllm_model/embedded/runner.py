@@ -201,8 +201,12 @@ class ModelRunner:
         rows = [row for row, sequence in enumerate(sequences) if sequence.pending]
         if not rows:
             return
-        sources = to_device([sequences[row].device_row for row in rows], self.device, torch.long)
-        input_ids[to_device(rows, self.device, torch.long), 0] = fed[sources]
+        sources = [sequences[row].device_row for row in rows]
+        if rows == sources and rows[-1] == len(rows) - 1:
+            # The usual step: the same rows as the in-flight one, in its order (no index tensors to copy over).
+            input_ids[: len(rows), 0] = fed[: len(rows)]
+            return
+        input_ids[to_device(rows, self.device, torch.long), 0] = fed[to_device(sources, self.device, torch.long)]
 
     def capture_decode_graphs(self, max_rows: int) -> int:
         """With `cuda_graphs`, capture every decode bucket up to `max_rows` rows (decoding sequences and prompt

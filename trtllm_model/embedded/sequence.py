@@ -20,7 +20,8 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(slots=True)
+# eq=False: a sequence is itself, not its fields (list.remove and `in` compared every field, token lists included).
+@dataclass(slots=True, eq=False)
 class Sequence:
     request_id: int
     prompt_len: int
@@ -48,6 +49,7 @@ class Sequence:
     # newest one in the in-flight step's sampled tokens (what the next step feeds this sequence).
     pending: int = 0
     device_row: int = 0
+    _overlappable: bool | None = None  # `overlappable`, worked out on its first use (all it reads is set by then)
 
     @classmethod
     def from_request(
@@ -96,8 +98,10 @@ class Sequence:
         """Whether its next token may be sampled before the host has read its last one: nothing in its sampling reads
         the tokens so far (no guide, bias, penalty or bad word; min_tokens needs only their count) and no logits go
         back to the client."""
-        return (self.guide is None and not self.sampling.processed_on_host and not self.want_generation_logits
-                and not self.want_context_logits)
+        if self._overlappable is None:
+            self._overlappable = (self.guide is None and not self.sampling.processed_on_host
+                                  and not self.want_generation_logits and not self.want_context_logits)
+        return self._overlappable
 
     def ends_once_read(self, max_positions: int) -> bool:
         """Whether the tokens on the device already end it by length (so the next step need not feed it)."""
@@ -140,11 +144,12 @@ class Sequence:
         self.output_counts[token] = self.output_counts.get(token, 0) + 1
         if log_prob is not None:
             self.cum_log_prob += log_prob
+        num_output = len(self.token_ids) - self.prompt_len
         if self.guide is not None and advance(self.guide, token):
             self.finish(FinishReason.END_ID)  # the grammar accepts nothing more
-        elif self.num_output >= self.sampling.min_tokens and self.ends_with_stop_word():
+        elif self.stop_words and num_output >= self.sampling.min_tokens and self.ends_with_stop_word():
             self.finish(FinishReason.STOP_WORDS)
-        elif self.num_output >= self.max_tokens or len(self.token_ids) >= max_positions:
+        elif num_output >= self.max_tokens or len(self.token_ids) >= max_positions:
             self.finish(FinishReason.LENGTH)
         return self.step([token], log_prob)
 
