@@ -8,7 +8,7 @@ synchronize, the GPU idle before), GPU ms (the call queued behind a sleep kernel
 Variants: the compiled pieces (main), the same uncompiled, compiled with inductor's C++ wrapper (CUDA only),
 attention and pieces compiled as one function a layer (the KV pool written inside it), the whole forward compiled.
 Issue 33's run of 2026-12-04 (docs/performance.md) ran this script as `.gpu/prefill_micro.py` (the same code,
-reformatted since; the per-layer variant now calls FusedForward._attend instead of a copy of it).
+reformatted since; the per-layer variant now runs FusedForward's own loop and _attend, not copies of them).
 """
 
 from __future__ import annotations
@@ -35,45 +35,29 @@ BLOCK_SIZE = 16
 SHAPES = [(69, 88), (61, 57), (1, 30), (131, 88), (78, 121), (22, 127)]
 
 
-class _OneLayer:
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        self.keys, self.values = keys, values
-
-
 class LayerCompiled(fused_forward.FusedForward):
-    """A layer's attention and the pieces after it as one compiled function."""
+    """A layer's attention and the pieces after it as one compiled function: FusedForward's own loop, its
+    `_attend` deferred into `_between` (the last layer's attention stays eager, before `_last`)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__(model)
-        self._layer = torch.compile(self._layer_eager, fullgraph=True)
+        layer = torch.compile(self._layer_eager, fullgraph=True)
+        self._between = lambda hidden, deferred, *after: layer(hidden, *deferred, *after)
 
-    def _layer_eager(self, hidden, query, key, value, keys, values, slots, flat_tables, mask, output, post_norm,
-                     gate_up, down, next_norm, next_qkv, cos, sin):
+    def _attend(self, pool, index, query, key, value, slots, flat_tables, mask, rows):
+        if index == len(self.layers) - 1:
+            return super()._attend(pool, index, query, key, value, slots, flat_tables, mask, rows)
+        return pool.keys[index], pool.values[index], query, key, value, slots, flat_tables, mask
+
+    def _layer_eager(self, hidden, keys, values, query, key, value, slots, flat_tables, mask, *after):
         layer_pool = _OneLayer([keys], [values])  # the pool's layer, as _attend reads a pool
-        attention = self._attend(layer_pool, 0, query, key, value, slots, flat_tables, mask, mask.shape[0])
-        return self._between_attentions(hidden, attention, output, post_norm, gate_up, down, next_norm, next_qkv,
-                                        cos, sin)
+        attention = super()._attend(layer_pool, 0, query, key, value, slots, flat_tables, mask, mask.shape[0])
+        return self._between_attentions(hidden, attention, *after)
 
-    def __call__(self, inputs: StepInputs, pool: KvBlockPool) -> torch.Tensor:
-        rows, queries = inputs.input_ids.shape
-        hidden = self.embed(inputs.input_ids.reshape(-1))
-        cos, sin = (part.reshape(rows * queries, -1) for part in self.rotary(hidden, inputs.positions))
-        allowed = inputs.attention_mask(pool.block_size)
-        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~allowed, -torch.inf)
-        if queries > 1:
-            mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
-        ends = torch.arange(queries - 1, rows * queries, queries, device=hidden.device)
-        flat_tables = inputs.block_tables.reshape(-1)
-        first, last = self.layers[0], len(self.layers) - 1
-        query, key, value = self._first(hidden, first.input_norm, first.qkv, cos, sin)
-        for index, (layer, after) in enumerate(zip(self.layers, self.layers[1:])):
-            hidden, query, key, value = self._layer(
-                hidden, query, key, value, pool.keys[index], pool.values[index], inputs.slot_mapping, flat_tables,
-                mask, layer.output, layer.post_norm, layer.gate_up, layer.down, after.input_norm, after.qkv, cos, sin)
-        attention = self._attend(pool, last, query, key, value, inputs.slot_mapping, flat_tables, mask, rows)
-        layer = self.layers[last]
-        return self._last(hidden, attention, layer.output, layer.post_norm, layer.gate_up, layer.down,
-                          self.final_norm, self.lm_head, ends)
+
+class _OneLayer:
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        self.keys, self.values = keys, values
 
 
 def variants(model: torch.nn.Module, cuda: bool):

@@ -309,10 +309,10 @@ class Engine:
         preempting anyone (a preempted sequence's token on the device would be lost, and with it a seeded draw)."""
         if not all(sequence.overlappable for sequence in self.running):
             return False
-        size = self.blocks.block_size
-        needed = sum(max(0, -(-sequence.num_tokens // size) - len(sequence.blocks.block_ids))
+        blocks = self.blocks
+        needed = sum(max(0, blocks.blocks_for(sequence.num_tokens) - len(sequence.blocks.block_ids))
                      for sequence in self.running)
-        return needed <= self.blocks.free_blocks
+        return needed <= blocks.free_blocks
 
     def _launch_sampling(self, rows: list[Sequence], decoding: int, logits: torch.Tensor) -> StepInFlight | None:
         """Sample the rows on the device and start the tokens' copy to the host, without waiting for either; None
