@@ -5,12 +5,12 @@ the wall time.
 
     bash bench/gpu/run_on_gpu.sh python bench/gpu/iteration_timeline.py real 256 3        # SmolLM2, 3 rounds
     bash bench/gpu/run_on_gpu.sh python bench/gpu/iteration_timeline.py tiny 256 2 fake   # host work only
-    MERGE=1 bash bench/gpu/run_on_gpu.sh python bench/gpu/iteration_timeline.py real 256 3  # one prefill group
+    PREFILL_FORWARD_COST=inf bash bench/gpu/run_on_gpu.sh python bench/gpu/iteration_timeline.py real 256 3
 
 `fake`: the forward computes nothing (zero logits), so what is left is the engine's host work; on the CPU too the
 steps then go as on CUDA (static shapes, overlapped steps), so this machine can stand in for a GPU host's Python:
-`.venv/bin/python bench/gpu/iteration_timeline.py tiny 256 15 fake` (the median round is printed last). `MERGE=1`: every
-iteration's prompts in one prefill forward, whatever the padding. Issue 33's runs of 2026-12-04 (docs/performance.md)
+`.venv/bin/python bench/gpu/iteration_timeline.py tiny 256 15 fake` (the median round is printed last). `PREFILL_FORWARD_COST`: what
+a prompt forward counts as in `scheduler.prefill_groups`, in tokens (`inf`: every iteration's prompts in one forward). Issue 33's runs of 2026-12-04 (docs/performance.md)
 ran this script as `.gpu/timeline.py` (the same code, reformatted since).
 """
 
@@ -31,12 +31,12 @@ from engine import chat_prompts, run_executor  # noqa: E402
 from step_profile import tiny_model  # noqa: E402
 
 from trtllm_model.embedded import runner as runner_module  # noqa: E402
-from trtllm_model.embedded import scheduler  # noqa: E402
 from trtllm_model.embedded.engine import Engine  # noqa: E402
 from trtllm_model.embedded.model_loading import load_model, load_tokenizer  # noqa: E402
 from trtllm_model.executors.transformers_executor import TransformersExecutor  # noqa: E402
 
-Record = tuple[float, dict[str, float]]  # (iteration seconds, seconds per phase)
+Record = tuple[float, dict[str, float], float]  # (iteration seconds, seconds per phase, engine thread CPU seconds)
+Forward = tuple[int, int, int, float]  # a prompt forward: (iteration, rows, queries, host ms from call to return)
 
 
 def zero_logits_forward(self, inputs):
@@ -53,25 +53,40 @@ def recording(records: list[Record]):
     original = Engine._next_iteration
 
     def next_iteration(self):
-        before, started = dict(self.phase_seconds), time.perf_counter()
+        before, started, cpu = dict(self.phase_seconds), time.perf_counter(), time.thread_time()
         result = original(self)
         phases = {phase: seconds - before.get(phase, 0.0) for phase, seconds in self.phase_seconds.items()}
-        records.append((time.perf_counter() - started, phases))
+        records.append((time.perf_counter() - started, phases, time.thread_time() - cpu))
         return result
 
     return next_iteration
 
 
+def timing_prefill(forwards: list[Forward], records: list[Record]):
+    """ModelRunner.prefill that appends each prompt forward's shape and host milliseconds to `forwards`."""
+    original = runner_module.ModelRunner.prefill
+
+    def prefill(self, sequences):
+        started = time.perf_counter()
+        logits = original(self, sequences)
+        queries = max(sequence.prefill_len for sequence in sequences)
+        forwards.append((len(records), len(sequences), queries, (time.perf_counter() - started) * 1000))
+        return logits
+
+    return prefill
+
+
 def show(label: str, records: list[Record]) -> None:
     if not records:
         return
-    wall = sum(seconds for seconds, _ in records) * 1000
+    wall = sum(record[0] for record in records) * 1000
     phases: dict[str, float] = {}
-    for _, split in records:
+    for _, split, _ in records:
         for phase, seconds in split.items():
             phases[phase] = phases.get(phase, 0.0) + seconds * 1000
     count = len(records)
-    print(f"  {label}: {count} it, {wall:.1f} ms, {wall / count:.2f} ms/it;",
+    cpu = sum(record[2] for record in records) * 1000
+    print(f"  {label}: {count} it, {wall:.1f} ms ({cpu:.1f} ms on the engine thread's CPU), {wall / count:.2f} ms/it;",
           ", ".join(f"{phase} {ms / count:.2f}" for phase, ms in phases.items()), flush=True)
 
 
@@ -96,14 +111,13 @@ def gpu_busy_us(profiler) -> tuple[float, float, int]:
 def main() -> None:
     which, level, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(4)
-    if os.environ.get("MERGE"):
-        scheduler.MAX_PADDING_SHARE = 100.0
-        print("prefill groups merged")
     fake = len(sys.argv) > 4 and sys.argv[4] == "fake"
     if fake:
         runner_module.ModelRunner._forward = zero_logits_forward
     records: list[Record] = []
+    forwards: list[Forward] = []
     Engine._next_iteration = recording(records)
+    runner_module.ModelRunner.prefill = timing_prefill(forwards, records)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer()
     prompts = chat_prompts(tokenizer, level)
@@ -116,6 +130,11 @@ def main() -> None:
         started = time.perf_counter()
         executor = TransformersExecutor(model, tokenizer, max_batch_size=level, max_num_tokens=8192,
                                         overlap_steps=device == "cuda" or fake)
+        if os.environ.get("PREFILL_FORWARD_COST"):
+            executor.runner.prefill_forward_cost_tokens = float(os.environ["PREFILL_FORWARD_COST"])
+        # getattr: the script also runs over trees from before prefill_forward_cost_tokens (A/B runs).
+        print(f"a prompt forward counted as {getattr(executor.runner, 'prefill_forward_cost_tokens', '-')} tokens",
+              flush=True)
         if fake:
             executor.runner.static_shapes = True  # as on CUDA (no graphs to capture on the CPU)
         run_executor(executor, prompts, 64, level)
@@ -124,6 +143,7 @@ def main() -> None:
         rates = []
         for round_ in range(rounds):
             records.clear()
+            forwards.clear()
             tokens, seconds, ttfts = run_executor(executor, prompts, 64, level)
             done = [record for record in records if record[1]]
             rates.append(tokens / seconds)
@@ -135,7 +155,10 @@ def main() -> None:
             show("first iterations (prefill)", done[:first])
             show("rest", done[first:])
             print("   first 6 it ms:", [round(record[0] * 1000, 2) for record in done[:6]], "prefill ms:",
-                  [round(record[1].get("prefill", 0) * 1000, 2) for record in done[:6]])
+                  [round(record[1].get("prefill", 0) * 1000, 2) for record in done[:6]], "CPU ms:",
+                  [round(record[2] * 1000, 2) for record in done[:6]])
+            print("   prompt forwards (iteration, rows x queries, host ms):",
+                  ", ".join(f"{it}: {rows}x{queries} {ms:.1f}" for it, rows, queries, ms in forwards))
         print(f"median of {rounds} rounds: {sorted(rates)[len(rates) // 2]:.0f} tok/s", flush=True)
         if device == "cuda":
             from torch.profiler import ProfilerActivity, profile

@@ -8,7 +8,7 @@ decode forward is captured on its first use (after a warm-up on a side stream; t
 pool) and replayed after, the logits read from the graph's static output.
 
 A decode step may feed some rows a token that is still on the device (the engine's overlapped steps). Without
-static shapes (the CPU), rows whose block tables differ a lot go in separate forwards (`width_groups`).
+static shapes (the CPU), rows whose block tables differ a lot go in separate forwards (`padded_groups`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from . import fused_forward
 from .block_manager import TRASH_BLOCK
 from .kv_cache import KvBlockPool, PagedCache, StepInputs
 from .model_patches import use_fused_rms_norm, use_grouped_decode_attention
+from .padded_groups import padded_groups
 from .sequence import Sequence
 from .transfers import to_device
 
@@ -63,6 +64,12 @@ class ModelRunner:
         if fused_forwards is None:
             fused_forwards = self.device.type == "cuda" and fused_forward.supports(model)
         self.fused_forward = fused_forward.FusedForward(model) if fused_forwards else None
+        # What a prompt forward costs beyond its padded tokens, in tokens (`scheduler.prefill_groups`). On an H200 a
+        # prompt forward cost the host 23-70 ms whatever its shape, far more than its GPU time (about 1 us a padded
+        # token): one forward an iteration took the 256-stream round's prompt iterations from 273-352 ms to 118-142
+        # (docs/performance.md). On the CPU a forward's computation is most of its cost, and its prompts' first
+        # tokens go out only once it is done: 64 kept 32 chats' TTFT p50 where it was (1.16 s; 512 made it 1.71 s).
+        self.prefill_forward_cost_tokens: float = 4096.0 if self.device.type == "cuda" else 64.0
         self.pool: KvBlockPool | None = None
         self._static_inputs: dict[tuple[int, int], StepInputs] = {}  # (rows, width) -> that bucket's tensors
         self.cuda_graphs = cuda_graphs and self.static_shapes and self.device.type == "cuda"
@@ -130,11 +137,11 @@ class ModelRunner:
     ) -> torch.Tensor:
         """See `_decode_rows`. Without static shapes (the CPU) the decoding rows go in several forwards when padding
         every row to the widest block table would gather more keys and values than a forward of its own costs
-        (`width_groups`): one sequence with a long context no longer makes every row of the step read its width
+        (`padded_groups`): one sequence with a long context no longer makes every row of the step read its width
         (CPU, 16 streams beside a 2,048-token context: 1.0 s for the step instead of about 0.1 s)."""
         if self.static_shapes or prefills or len(sequences) < 2:
             return self._decode_rows(sequences, prefills, fed)
-        groups = width_groups([len(s.blocks.block_ids) for s in sequences], self._forward_cost_blocks)
+        groups = padded_groups([len(s.blocks.block_ids) for s in sequences], self._forward_cost_blocks)
         if len(groups) == 1:
             return self._decode_rows(sequences, prefills, fed)
         logits = torch.empty((len(sequences), self.vocab_size), dtype=torch.float32, device=self.device)
@@ -335,28 +342,6 @@ class ModelRunner:
         with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
             logits = self._forward(inputs)
         return graph, logits
-
-
-def width_groups(widths: list[int], forward_cost: float) -> list[list[int]]:
-    """The rows of a decode step (their block-table widths) split into forwards: runs of the rows sorted by width,
-    chosen so that the blocks gathered (each row padded to its forward's widest) plus `forward_cost` blocks a forward
-    are fewest. One group when padding wastes less than a forward."""
-    if max(widths) * len(widths) - sum(widths) <= forward_cost:
-        return [list(range(len(widths)))]
-    order = sorted(range(len(widths)), key=lambda row: -widths[row])
-    ordered = [widths[row] for row in order]
-    # best[i]: the least cost of the first i rows (widest first); start[i]: where the last forward of that split begins.
-    best, start = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
-    for end in range(1, len(order) + 1):
-        for begin in range(end):
-            cost = best[begin] + forward_cost + (end - begin) * ordered[begin]
-            if cost < best[end]:
-                best[end], start[end] = cost, begin
-    groups, end = [], len(order)
-    while end:
-        groups.append(order[start[end] : end])
-        end = start[end]
-    return groups[::-1]
 
 
 def _fields(inputs: StepInputs) -> tuple[torch.Tensor, ...]:

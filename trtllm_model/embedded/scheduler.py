@@ -19,10 +19,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from .block_manager import BlockManager
+from .padded_groups import padded_groups
 from .sequence import Sequence, Status
 
-# A prefill group is split when padding would add more than this share of its real tokens.
-MAX_PADDING_SHARE = 0.25
 # Blocks admission leaves free while others run, so their decoding does not at once preempt the newcomer.
 SPARE_BLOCKS_SHARE = 0.01
 
@@ -114,16 +113,10 @@ class Scheduler:
         return gone
 
 
-def prefill_groups(sequences: list[Sequence]) -> list[list[Sequence]]:
-    """Split admitted prompts into left-padded forwards that waste little compute on padding."""
-    groups: list[list[Sequence]] = []
-    for sequence in sorted(sequences, key=lambda s: s.prefill_len, reverse=True):
-        if groups:
-            group = groups[-1]
-            longest = group[0].prefill_len  # sorted, so the first is the longest
-            real = sum(s.prefill_len for s in group) + sequence.prefill_len
-            if longest * (len(group) + 1) <= (1.0 + MAX_PADDING_SHARE) * real:
-                group.append(sequence)
-                continue
-        groups.append([sequence])
-    return groups
+def prefill_groups(sequences: list[Sequence], forward_cost_tokens: float) -> list[list[Sequence]]:
+    """Admitted prompts' chunks split into left-padded forwards: the split that computes fewest padded tokens, a
+    forward counted as `forward_cost_tokens` more (`ModelRunner.prefill_forward_cost_tokens`)."""
+    if not sequences:
+        return []
+    groups = padded_groups([sequence.prefill_len for sequence in sequences], forward_cost_tokens)
+    return [[sequences[row] for row in group] for group in groups]
