@@ -15,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from trtllm_model.embedded import fused_forward
 from trtllm_model.embedded.block_manager import TRASH_BLOCK
 from trtllm_model.embedded.fused_forward import FusedForward
+from trtllm_model.embedded.kv_cache import StepInputs
 from trtllm_model.embedded.model_loading import load_model
 from trtllm_model.executor_interface import GenerationRequest, Step
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
@@ -134,13 +135,13 @@ def test_a_fused_forward_value_other_than_true_or_false_fails_the_load_naming_it
 
 
 def test_the_prompt_forwards_warm_up_touches_only_the_trash_block():
-    """The engine compiles the prompt forwards' shapes before its first request; that must write no block a request
-    may hold."""
+    """The engine compiles the prompt forwards' shapes and runs their padded sizes before its first request; that
+    must write no block a request may hold."""
     model = tiny_llama(2)
     executor = TransformersExecutor(model, None, max_batch_size=2, kv_cache_memory_bytes=1 << 20, fused_forward=False)
     try:
         runner = executor.runner
-        assert runner.warm_up_prefill() is False  # nothing to compile without fused forwards
+        assert runner.warm_up_prefill(40, 2) is False  # nothing to compile without fused forwards
         fused, shapes = FusedForward(model, compile=False), []
 
         def recording(inputs, pool):
@@ -152,10 +153,48 @@ def test_the_prompt_forwards_warm_up_touches_only_the_trash_block():
         for tensor in (*pool.keys, *pool.values):
             tensor.normal_()
         before = [tensor.clone() for tensor in (*pool.keys, *pool.values)]
-        assert runner.warm_up_prefill() is True
-        assert shapes == [(1, 2), (1, 3), (2, 2)]
+        assert runner.warm_up_prefill(40, 20) is True
+        # The first compiles, then every padded token count up to 40 and every padded row count up to 20.
+        assert shapes == [(1, 2), (1, 3), (2, 2), *((1, tokens) for tokens in [*range(4, 17), 18, 20, 22, 24, 26, 28,
+                                                                                  30, 32, 36, 40]),
+                          *((rows, 2) for rows in [*range(3, 17), 18, 20])]
         for tensor, old in zip((*pool.keys, *pool.values), before):
             assert torch.equal(tensor[TRASH_BLOCK + 1 :], old[TRASH_BLOCK + 1 :])
             assert not torch.equal(tensor[TRASH_BLOCK], old[TRASH_BLOCK])
+    finally:
+        executor.shutdown()
+
+
+def test_a_prompt_forward_padded_to_its_bucket_gives_the_logits_and_writes_of_an_unpadded_one(monkeypatch):
+    """17 rows of 3 queries: 51 tokens go through the pieces as 52, and the head takes 18 rows; what comes back, and
+    what lands in the pool, is what the same forward gives unpadded."""
+    model = tiny_llama(2)
+    executor = TransformersExecutor(model, None, max_batch_size=32, kv_cache_memory_bytes=1 << 22,
+                                    fused_forward=False)
+    try:
+        pool = executor.runner.pool
+        fused = FusedForward(model, compile=False)
+        rows, queries, block_size = 17, 3, pool.block_size
+        assert fused_forward.padded_count(rows * queries) > rows * queries and fused_forward.padded_count(rows) > rows
+        generator = torch.Generator().manual_seed(3)
+        ids = torch.randint(1, 500, (rows, queries), generator=generator)
+        positions = torch.arange(queries).repeat(rows, 1)
+        tables = torch.arange(TRASH_BLOCK + 1, TRASH_BLOCK + 1 + rows)[:, None]  # a block of its own each
+        slots = (tables * block_size + positions).reshape(-1)
+        inputs = StepInputs(ids, positions, slots, tables)
+        for tensor in (*pool.keys, *pool.values):
+            tensor.zero_()
+        with torch.inference_mode():
+            padded = fused(inputs, pool)
+            written = [tensor.clone() for tensor in (*pool.keys, *pool.values)]
+            for tensor in (*pool.keys, *pool.values):
+                tensor.zero_()
+            monkeypatch.setattr(fused_forward, "padded_count", lambda count: count)
+            unpadded = fused(inputs, pool)
+        assert padded.shape == unpadded.shape == (rows, model.config.vocab_size)
+        torch.testing.assert_close(padded, unpadded, rtol=1e-5, atol=1e-5)
+        for tensor, before in zip((*pool.keys, *pool.values), written):
+            torch.testing.assert_close(tensor, before, rtol=1e-5, atol=1e-5)
+        assert any(tensor.abs().sum() > 0 for tensor in pool.keys)  # the forward did write
     finally:
         executor.shutdown()

@@ -209,7 +209,9 @@ class Engine:
         if captured:
             log.info("captured %d decode graphs in %.1f s", captured, time.monotonic() - started)
         started = time.monotonic()
-        if self.runner.warm_up_prefill():
+        # A prompt forward's tokens: an iteration's budget, plus the padding that one forward fewer is worth.
+        max_tokens = self.config.max_num_tokens + int(self.runner.prefill_forward_cost_tokens)
+        if self.runner.warm_up_prefill(max_tokens, self.config.max_batch_size):
             log.info("compiled the prompt forwards in %.1f s", time.monotonic() - started)
         if self.runner.device.type == "cuda":
             # What loading, compiling and capturing left goes out of the collector's reach (as vLLM does after its

@@ -89,27 +89,43 @@ class FusedForward:
 
     def __call__(self, inputs: StepInputs, pool: KvBlockPool) -> torch.Tensor:
         rows, queries = inputs.input_ids.shape
-        # The compiled pieces work on tokens (`[rows x queries, ...]`), the attention on rows.
-        hidden = self.embed(inputs.input_ids.reshape(-1))
-        cos, sin = (part.reshape(rows * queries, -1) for part in self.rotary(hidden, inputs.positions))
+        tokens = rows * queries
+        # A prompt chunk's tokens go through the pieces padded to a bucket (`padded_count`), and its last tokens
+        # through the head likewise: the matmuls then meet few shapes. A decode step's rows are the graphs' buckets.
+        padded, head_rows = (padded_count(tokens), padded_count(rows)) if queries > 1 else (tokens, rows)
+        ids, positions = inputs.input_ids.reshape(-1), inputs.positions.reshape(1, -1)
+        if padded > tokens:  # padding tokens: id 0 at position 0, never attended to nor written to the pool
+            ids, positions = F.pad(ids, (0, padded - tokens)), F.pad(positions, (0, padded - tokens))
+        # The compiled pieces work on tokens (`[padded, ...]`), the attention on rows.
+        hidden = self.embed(ids)
+        cos, sin = (part.reshape(padded, -1) for part in self.rotary(hidden, positions))
         # Additive, in the model's dtype, made once: SDPA would convert a boolean mask in every layer. With several
         # queries a row's query heads go group by group (see `_attend`), so each group repeats the mask.
         allowed = inputs.attention_mask(pool.block_size)
         mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~allowed, -torch.inf)
         if queries > 1:
             mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
-        ends = torch.arange(queries - 1, rows * queries, queries, device=hidden.device)  # each row's last token
+        # Each row's last token; the head's padding rows read the last row's again.
+        ends = torch.arange(queries - 1, head_rows * queries, queries, device=hidden.device)
+        if head_rows > rows:
+            ends.clamp_(max=tokens - 1)
         flat_tables = inputs.block_tables.reshape(-1)
+
+        def attend(index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+            attention = self._attend(pool, index, query[:tokens], key[:tokens], value[:tokens], inputs.slot_mapping,
+                                     flat_tables, mask, rows)
+            return F.pad(attention, (0, 0, 0, padded - tokens)) if padded > tokens else attention
+
         first, last = self.layers[0], len(self.layers) - 1
         query, key, value = self._first(hidden, first.input_norm, first.qkv, cos, sin)
         for index, (layer, after) in enumerate(zip(self.layers, self.layers[1:])):
-            attention = self._attend(pool, index, query, key, value, inputs.slot_mapping, flat_tables, mask, rows)
-            hidden, query, key, value = self._between(hidden, attention, layer.output, layer.post_norm, layer.gate_up,
-                                                      layer.down, after.input_norm, after.qkv, cos, sin)
-        attention = self._attend(pool, last, query, key, value, inputs.slot_mapping, flat_tables, mask, rows)
+            hidden, query, key, value = self._between(hidden, attend(index, query, key, value), layer.output,
+                                                      layer.post_norm, layer.gate_up, layer.down, after.input_norm,
+                                                      after.qkv, cos, sin)
         layer = self.layers[last]
-        return self._last(hidden, attention, layer.output, layer.post_norm, layer.gate_up, layer.down,
-                          self.final_norm, self.lm_head, ends)
+        logits = self._last(hidden, attend(last, query, key, value), layer.output, layer.post_norm, layer.gate_up,
+                            layer.down, self.final_norm, self.lm_head, ends)
+        return logits[:rows]
 
     def _attend(self, pool: KvBlockPool, index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 slots: torch.Tensor, flat_tables: torch.Tensor, mask: torch.Tensor, rows: int) -> torch.Tensor:
@@ -158,6 +174,26 @@ class FusedForward:
                      last) -> torch.Tensor:
         hidden = self._layer_output(hidden, attention, output, post_norm, gate_up, down)[last]
         return F.linear(F.rms_norm(hidden, hidden.shape[-1:], final_norm, self.eps), lm_head).float()
+
+
+def padded_count(count: int) -> int:
+    """`count` up to the next of a few sizes: itself up to 16, then eight steps an octave (16, 18, ..., 30, 32, 36,
+    ..., 60, 64, 72, ...), at most 12.5 % more. On an H200 the first matmul call at a token count the process had
+    not seen cost the host 144-1,536 us, a seen one about 20 (bench/gpu/blas_host_cost.py); the runner's warm-up
+    runs every size a prompt forward can take (`ModelRunner.warm_up_prefill`)."""
+    if count <= 16:
+        return count
+    step = 1 << (count.bit_length() - 4)
+    return -(-count // step) * step
+
+
+def padded_counts(largest: int) -> list[int]:
+    """Every size `padded_count` gives up to `padded_count(largest)`, in order."""
+    sizes, count = [], 1
+    while not sizes or sizes[-1] < padded_count(largest):
+        sizes.append(padded_count(count))
+        count = sizes[-1] + 1
+    return sizes
 
 
 def _rotated(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

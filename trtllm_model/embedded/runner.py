@@ -244,15 +244,20 @@ class ModelRunner:
                         len(self._eager_buckets), len(buckets))
         return len(self._graphs)
 
-    def warm_up_prefill(self) -> bool:
-        """With fused forwards, compile the prompt forwards' shapes now (each a few seconds on a GPU) rather than in
-        the first requests' prefills; whether there was anything to compile. Padding rows only: they write to the
-        trash block."""
+    def warm_up_prefill(self, max_tokens: int, max_rows: int) -> bool:
+        """With fused forwards, compile the prompt forwards now (each compile a few seconds on a GPU) rather than in
+        the first requests' prefills, and run each size a prompt forward's tokens (up to `max_tokens`) and rows (up
+        to `max_rows`) are padded to (`fused_forward.padded_counts`): the matmuls then meet no new shape mid-run,
+        and the caching allocators hold the largest forward's memory. Whether there was anything to compile.
+        Padding rows only: they write to the trash block."""
         if self.fused_forward is None:
             return False
         block_size = self.pool.block_size
         # One row with two lengths (so its token count is compiled dynamic, not a constant), then several rows.
-        for rows, queries in ((1, 2), (1, 3), (2, 2)):
+        shapes = [(1, 2), (1, 3), (2, 2)]
+        shapes += [(1, tokens) for tokens in fused_forward.padded_counts(max_tokens) if tokens > 3]
+        shapes += [(rows, 2) for rows in fused_forward.padded_counts(max_rows) if rows > 2]
+        for rows, queries in shapes:
             self._forward(self._on_device(StepInputs(
                 torch.zeros((rows, queries), dtype=torch.long),
                 torch.zeros((rows, queries), dtype=torch.long),
