@@ -165,15 +165,16 @@ def test_the_prompt_forwards_warm_up_touches_only_the_trash_block():
         executor.shutdown()
 
 
-def test_a_prompt_forward_padded_to_its_bucket_gives_the_logits_and_writes_of_an_unpadded_one(monkeypatch):
+@pytest.mark.parametrize("compile", [False, True], ids=["uncompiled", "compiled"])
+def test_a_prompt_forward_padded_to_its_bucket_gives_the_logits_and_writes_of_an_unpadded_one(monkeypatch, compile):
     """17 rows of 3 queries: 51 tokens go through the pieces as 52, and the head takes 18 rows; what comes back, and
-    what lands in the pool, is what the same forward gives unpadded."""
+    what lands in the pool, is what the same forward gives unpadded (compiled: inductor's C++ on the CPU)."""
     model = tiny_llama(2)
     executor = TransformersExecutor(model, None, max_batch_size=32, kv_cache_memory_bytes=1 << 22,
                                     fused_forward=False)
     try:
         pool = executor.runner.pool
-        fused = FusedForward(model, compile=False)
+        fused = FusedForward(model, compile=compile)
         rows, queries, block_size = 17, 3, pool.block_size
         assert fused_forward.padded_count(rows * queries) > rows * queries and fused_forward.padded_count(rows) > rows
         generator = torch.Generator().manual_seed(3)
