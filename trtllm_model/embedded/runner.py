@@ -65,10 +65,11 @@ class ModelRunner:
             fused_forwards = self.device.type == "cuda" and fused_forward.supports(model)
         self.fused_forward = fused_forward.FusedForward(model) if fused_forwards else None
         # What a prompt forward costs beyond its padded tokens, in tokens (`scheduler.prefill_groups`). On an H200 a
-        # prompt forward cost the host 23-70 ms whatever its shape, far more than its GPU time (about 1 us a padded
+        # prompt forward cost the host 13-83 ms whatever its shape, far more than its GPU time (about 1 us a padded
         # token): one forward an iteration took the 256-stream round's prompt iterations from 273-352 ms to 118-142
-        # (docs/performance.md). On the CPU a forward's computation is most of its cost, and its prompts' first
-        # tokens go out only once it is done: 64 kept 32 chats' TTFT p50 where it was (1.16 s; 512 made it 1.71 s).
+        # on one machine (docs/performance.md). On the CPU a forward's computation is most of its cost, and its
+        # prompts' first tokens go out only once it is done: 64 kept 32 chats' TTFT p50 where it was (1.16 s; 512
+        # made it 1.71 s).
         self.prefill_forward_cost_tokens: float = 4096.0 if self.device.type == "cuda" else 64.0
         self.pool: KvBlockPool | None = None
         self._static_inputs: dict[tuple[int, int], StepInputs] = {}  # (rows, width) -> that bucket's tensors

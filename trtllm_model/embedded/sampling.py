@@ -118,13 +118,19 @@ def banned_next_tokens(state: SamplingState) -> list[int]:
 def ban_early_end_ids(logits: torch.Tensor, states: list[SamplingState]) -> None:
     """In place, without waiting for the device: each unguided row's end id while it has fewer than min_tokens
     outputs (what `banned_next_tokens` bans for min_tokens, for rows sampled by `sample_on_device` alone)."""
-    rows = [row for row, state in enumerate(states)
-            if state.end_id is not None and state.guide is None and state.num_output < state.params.min_tokens]
-    if rows:
-        index = to_device([rows, [states[row].end_id for row in rows]], logits.device, torch.long)
+    ban_tokens(logits, [(row, state.end_id) for row, state in enumerate(states)
+                        if state.end_id is not None and state.guide is None
+                        and state.num_output < state.params.min_tokens])
+
+
+def ban_tokens(logits: torch.Tensor, banned: list[tuple[int, int]]) -> None:
+    """In place, without waiting for the device: -inf at each (row, token id) of `banned`."""
+    if banned:
+        rows, ids = zip(*banned)
+        index = to_device([list(rows), list(ids)], logits.device, torch.long)
         # Values made on the device: a Python scalar here is copied from the host and waits (measured on an H200).
-        banned = torch.full((len(rows),), float("-inf"), dtype=logits.dtype, device=logits.device)
-        logits.index_put_((index[0], index[1]), banned)
+        values = torch.full((len(banned),), float("-inf"), dtype=logits.dtype, device=logits.device)
+        logits.index_put_((index[0], index[1]), values)
 
 
 def _apply_penalties(row: torch.Tensor, state: SamplingState) -> None:

@@ -103,6 +103,12 @@ class Sequence:
                                   and not self.want_generation_logits and not self.want_context_logits)
         return self._overlappable
 
+    def bans_end_id(self) -> bool:
+        """Whether its next token may not be its end id: an unguided sequence short of min_tokens, counting the
+        tokens sampled on the device that the host has not read yet (a guide decides where a guided one may end)."""
+        return (self.end_id is not None and self.guide is None
+                and len(self.token_ids) + self.pending - self.prompt_len < self.sampling.min_tokens)
+
     def ends_once_read(self, max_positions: int) -> bool:
         """Whether the tokens on the device already end it by length (so the next step need not feed it)."""
         return bool(self.pending) and (self.num_output + self.pending >= self.max_tokens
