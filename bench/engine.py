@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=None,
                         help="the engine's overlapped steps (default: on CUDA only)")
     parser.add_argument("--fused-forward", action=argparse.BooleanOptionalAction, default=None,
-                        help="forwards as embedded/fused_forward.py's compiled pieces (default: on CUDA only)")
+                        help="forwards as embedded/fused_forward.py's pieces, compiled on CUDA, eager on CPU (default: on)")
     parser.add_argument("--repeat", type=int, default=1, help="measurements of each row; median and spread reported")
     parser.add_argument("--compiled-static", action=argparse.BooleanOptionalAction, default=None,
                         help="also transformers' compiled static-cache generate (default: on CUDA only)")

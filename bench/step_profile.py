@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--attention", choices=["grouped", "sdpa"], default="grouped",
                         help="decode attention: the engine's grouped-query function (default) or transformers' SDPA")
     parser.add_argument("--fused-forward", action=argparse.BooleanOptionalAction, default=None,
-                        help="forwards as embedded/fused_forward.py's compiled pieces (default: on CUDA only)")
+                        help="forwards as embedded/fused_forward.py's pieces, compiled on CUDA, eager on CPU (default: on)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--top", type=int, default=8, help="kernels listed per level")
     parser.add_argument("--results-dir", default=None)

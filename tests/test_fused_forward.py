@@ -59,20 +59,20 @@ def answers(executor: TransformersExecutor, prompts: list[list[int]], max_tokens
 
 
 def run_with(model: torch.nn.Module, tokenizer, prompts: list[list[int]], max_tokens: int,
-             fused: FusedForward | None, static_shapes: bool = False) -> tuple[list[tuple], int]:
-    """The answers, and how many decode forwards the fused pieces ran."""
+             fused: FusedForward | None, static_shapes: bool = False) -> tuple[list[tuple], list[list[tuple]]]:
+    """The answers, and the fused forwards' parts' shapes (rows, queries), forward by forward."""
     executor = TransformersExecutor(model, tokenizer, max_batch_size=8, fused_forward=False)
     runner = executor.runner
     if static_shapes:
         runner.static_shapes, runner.max_graph_rows = True, 256  # as after capture_decode_graphs on CUDA
-    calls = [0]
+    calls = []
     if fused is not None:
-        def counting(inputs, pool):
-            calls[0] += 1
-            return fused(inputs, pool)
+        def counting(parts, pool):
+            calls.append([tuple(part.input_ids.shape) for part in parts])
+            return fused(parts, pool)
         runner.fused_forward = counting
     try:
-        return answers(executor, prompts, max_tokens), calls[0]
+        return answers(executor, prompts, max_tokens), calls
     finally:
         executor.shutdown()
 
@@ -91,25 +91,48 @@ def test_fused_steps_give_the_tokens_and_log_probs_of_transformers_forward(loade
     expected, _ = run_with(loaded.model, loaded.tokenizer, prompts, 16, None, static_shapes)
     got, calls = run_with(loaded.model, loaded.tokenizer, prompts, 16, FusedForward(loaded.model, compile=False),
                           static_shapes)
-    assert calls >= 15
+    assert len(calls) >= 15
     assert_same_answers(got, expected, 1e-4)
+    # The three later prompts met decoding rows: without static shapes in one forward as a part of their own (a
+    # chunk, several queries a row); bucketed like the graphs as single-query rows.
+    mixed = [shapes for shapes in calls if len(shapes) > 1 and any(queries > 1 for _, queries in shapes)]
+    assert bool(mixed) != static_shapes, calls
 
 
 def test_compiled_pieces_trace_whole_match_their_uncompiled_selves_and_serve_every_layer():
     """Inductor on CPU (C++); a graph break would raise (fullgraph). A 2-layer and a 4-layer model compile the same
-    number of graphs: the layers' weights are arguments, not guards."""
+    number of graphs over the same forwards (decode rows, prompt chunks, both in one forward): the layers' weights
+    are arguments, not guards. (Counted over fixed forwards: which steps an engine's requests share depends on
+    timing.)"""
     prompts = [[5 + 7 * i + j for j in range(3 + 4 * i)] for i in range(4)]
     graphs = []
     for layers in (2, 4):
         model = tiny_llama(layers)
         expected, _ = run_with(model, None, prompts, 6, FusedForward(model, compile=False))
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
         got, calls = run_with(model, None, prompts, 6, FusedForward(model, compile=True))
-        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-        assert calls >= 5
+        assert len(calls) >= 5
         assert_same_answers(got, expected, 1e-4)
+        executor = TransformersExecutor(model, None, max_batch_size=2, kv_cache_memory_bytes=1 << 20,
+                                        fused_forward=False)
+        try:
+            torch._dynamo.reset()
+            torch._dynamo.utils.counters.clear()
+            compiled, block_size = FusedForward(model, compile=True), executor.runner.pool.block_size
+            with torch.inference_mode():
+                for parts in ([(3, 1)], [(1, 5)], [(2, 1)], [(1, 1)], [(4, 1), (1, 6)], [(1, 7)]):
+                    compiled([trash_inputs(rows, queries, block_size) for rows, queries in parts],
+                             executor.runner.pool)
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        finally:
+            executor.shutdown()
     assert graphs[0] == graphs[1] > 0, graphs
+
+
+def trash_inputs(rows: int, queries: int, block_size: int) -> StepInputs:
+    """A forward's inputs whose every token is id 0 at position 0 of the trash block."""
+    return StepInputs(torch.zeros((rows, queries), dtype=torch.long), torch.zeros((rows, queries), dtype=torch.long),
+                      torch.full((rows * queries,), TRASH_BLOCK * block_size, dtype=torch.long),
+                      torch.full((rows, 1), TRASH_BLOCK, dtype=torch.long))
 
 
 def test_only_plain_llama_layers_are_fused(loaded):
@@ -120,10 +143,17 @@ def test_only_plain_llama_layers_are_fused(loaded):
     assert not fused_forward.supports(tiny_llama(1, hidden_act="gelu"))
 
 
-def test_the_runner_fuses_on_cuda_only_unless_asked(loaded):
+def test_on_the_cpu_the_runner_fuses_eagerly_and_mixes_prompts_into_decode_steps_unless_asked_not_to(loaded):
     executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=2)
     try:
-        assert executor.runner.fused_forward is None  # CPU: transformers' forward
+        runner = executor.runner
+        assert runner.fused_forward is not None and not runner.fused_forward.compiled
+        assert runner.mixes_prompts and runner.warm_up_prefill(40, 2) is False  # nothing to compile
+    finally:
+        executor.shutdown()
+    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=2, fused_forward=False)
+    try:
+        assert executor.runner.fused_forward is None and not executor.runner.mixes_prompts
     finally:
         executor.shutdown()
 
@@ -142,13 +172,15 @@ def test_the_prompt_forwards_warm_up_touches_only_the_trash_block():
     try:
         runner = executor.runner
         assert runner.warm_up_prefill(40, 2) is False  # nothing to compile without fused forwards
-        fused, shapes = FusedForward(model, compile=False), []
+        shapes = []
 
-        def recording(inputs, pool):
-            shapes.append(tuple(inputs.input_ids.shape))
-            return fused(inputs, pool)
+        class Recording(FusedForward):
+            def __call__(self, parts, pool):
+                shapes.extend(tuple(part.input_ids.shape) for part in parts)
+                return super().__call__(parts, pool)
 
-        runner.fused_forward = recording
+        runner.fused_forward = Recording(model, compile=False)
+        runner.fused_forward.compiled = True  # as on CUDA, without inductor's compiles
         pool = runner.pool
         for tensor in (*pool.keys, *pool.values):
             tensor.normal_()
@@ -175,6 +207,7 @@ def test_a_prompt_forward_padded_to_its_bucket_gives_the_logits_and_writes_of_an
     try:
         pool = executor.runner.pool
         fused = FusedForward(model, compile=compile)
+        fused.pads = True  # as on CUDA (eager pieces do not pad)
         rows, queries, block_size = 17, 3, pool.block_size
         assert fused_forward.padded_count(rows * queries) > rows * queries and fused_forward.padded_count(rows) > rows
         generator = torch.Generator().manual_seed(3)
@@ -186,12 +219,12 @@ def test_a_prompt_forward_padded_to_its_bucket_gives_the_logits_and_writes_of_an
         for tensor in (*pool.keys, *pool.values):
             tensor.zero_()
         with torch.inference_mode():
-            padded = fused(inputs, pool)
+            padded = fused([inputs], pool)
             written = [tensor.clone() for tensor in (*pool.keys, *pool.values)]
             for tensor in (*pool.keys, *pool.values):
                 tensor.zero_()
             monkeypatch.setattr(fused_forward, "padded_count", lambda count: count)
-            unpadded = fused(inputs, pool)
+            unpadded = fused([inputs], pool)
         assert padded.shape == unpadded.shape == (rows, model.config.vocab_size)
         torch.testing.assert_close(padded, unpadded, rtol=1e-5, atol=1e-5)
         for tensor, before in zip((*pool.keys, *pool.values), written):

@@ -184,14 +184,16 @@ def test_a_failure_caused_by_one_request_fails_only_that_request(loaded, monkeyp
     executor = new_executor(loaded)
     runner = executor.runner
     if stage == "prefill":
-        prefill = runner.prefill
+        forward = runner._forward
 
-        def failing_prefill(sequences):
-            if any(BAD_TOKEN in sequence.token_ids for sequence in sequences):
+        def failing_forward(*parts):
+            # A forward with the bad prompt's chunk (several queries a row): its own, or the decode step's that it
+            # shares on the CPU (runner.mixes_prompts), which the engine then runs again without the prompts.
+            if any(part.input_ids.shape[1] > 1 and bool((part.input_ids == BAD_TOKEN).any()) for part in parts):
                 raise RuntimeError("simulated prefill failure")
-            return prefill(sequences)
+            return forward(*parts)
 
-        monkeypatch.setattr(runner, "prefill", failing_prefill)
+        monkeypatch.setattr(runner, "_forward", failing_forward)
     elif stage == "sampling":
         sample = engine_module.sample_next_tokens
 
@@ -232,18 +234,20 @@ def test_requests_failing_one_after_another_fail_only_themselves(loaded, monkeyp
     """Twelve requests whose prefill fails, one after another, each end with their own error; the engine goes on (the
     rule that eight failures in a row stop it let a client's requests stop it for everyone, issue 31)."""
     executor = new_executor(loaded)
-    prefill = executor.runner.prefill
+    forward = executor.runner._forward
 
-    def broken(prompts):
-        raise RuntimeError("simulated failed prefill")
+    def broken(*parts):
+        if any(part.input_ids.shape[1] > 1 for part in parts):  # a prompt's chunk among them
+            raise RuntimeError("simulated failed prefill")
+        return forward(*parts)
 
-    monkeypatch.setattr(executor.runner, "prefill", broken)
+    monkeypatch.setattr(executor.runner, "_forward", broken)
     try:
         for i in range(12):
             (steps,) = run_all(executor, [GenerationRequest(input_ids=[1, 2 + i], max_tokens=2)])
             assert "simulated failed prefill" in steps[-1].error
         assert executor.health_error() is None
-        monkeypatch.setattr(executor.runner, "prefill", prefill)
+        monkeypatch.setattr(executor.runner, "_forward", forward)
         (steps,) = run_all(executor, [GenerationRequest(input_ids=[1, 2], max_tokens=2, min_tokens=2)])
         assert steps[-1].error is None and len(tokens_of(steps)) == 2
     finally:

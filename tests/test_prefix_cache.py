@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trtllm_model.embedded import kv_cache as kv_cache_module
+from trtllm_model.embedded.fused_forward import FusedForward
 from trtllm_model.embedded.model_loading import load_model
 from trtllm_model.embedded.runner import ModelRunner
 from trtllm_model.executor_interface import FinishReason, GenerationRequest, Step
@@ -95,21 +96,36 @@ def test_the_second_request_reports_reused_blocks_and_prefills_only_the_rest(reu
 
 
 def test_a_prefill_that_fails_part_way_leaves_nothing_another_request_reads(reusing, plain, monkeypatch):
-    """The first prefill of a prompt writes half its layers and fails: the same prompt next must not find its blocks."""
+    """The prefills of a prompt write half their layers and fail (the engine tries a prompt whose forward failed
+    again alone): the same prompt next must not find its blocks."""
     prompt = SHARED + list(range(5000, 5050))
-    update = kv_cache_module._PoolLayer.update
     armed = {"fail": True}
 
-    def failing_update(self, key_states, value_states, *args, **kwargs):
-        result = update(self, key_states, value_states, *args, **kwargs)
-        if armed["fail"] and self.index == 15 and key_states.shape[2] > 1:  # a prefill, half way through the model
-            armed["fail"] = False
+    def fail_half_way(index: int, queries: int) -> None:
+        if armed["fail"] and index == 15 and queries > 1:  # a prefill, half way through the model
             raise RuntimeError("simulated failure mid-prefill")
-        return result
 
     run_all(reusing, [greedy(SHARED + [5])])  # the chat header's block is cached, whatever ran before
-    monkeypatch.setattr(kv_cache_module._PoolLayer, "update", failing_update)
+    if reusing.runner.fused_forward is not None:  # the CPU's default: each layer's attention writes its keys
+        attend = FusedForward._attend
+
+        def failing_attend(self, pool, index, query, *args):
+            result = attend(self, pool, index, query, *args)
+            fail_half_way(index, query.shape[0] // args[-1])  # args[-1]: the part's rows
+            return result
+
+        monkeypatch.setattr(FusedForward, "_attend", failing_attend)
+    else:
+        update = kv_cache_module._PoolLayer.update
+
+        def failing_update(self, key_states, value_states, *args, **kwargs):
+            result = update(self, key_states, value_states, *args, **kwargs)
+            fail_half_way(self.index, key_states.shape[2])
+            return result
+
+        monkeypatch.setattr(kv_cache_module._PoolLayer, "update", failing_update)
     (failed,) = run_all(reusing, [greedy(prompt)])
+    armed["fail"] = False
     assert failed[-1].finish_reason is FinishReason.ERROR and "mid-prefill" in failed[-1].error
     (again,) = run_all(reusing, [greedy(prompt, return_perf_metrics=True)])
     assert again[-1].kv_cache_reused_blocks == 1  # the chat header's block only: none the failed prefill wrote
@@ -122,15 +138,15 @@ def test_a_cancel_during_prefill_leaves_the_others_intact(reusing, plain, monkey
     prompt = SHARED + list(range(7000, 7040))
     sharer = prompt[:48] + [11, 12, 13]
     runner = reusing.runner
-    prefill = runner.prefill
+    prefill_inputs = runner._prefill_inputs  # a prompt forward's, or the decode forward's that it shares
     target: dict[str, int] = {}
 
     def cancelling_prefill(sequences):
         if any(sequence.request_id == target.get("id") for sequence in sequences):
             reusing.cancel(target["id"])  # arrives while the forward runs
-        return prefill(sequences)
+        return prefill_inputs(sequences)
 
-    monkeypatch.setattr(runner, "prefill", cancelling_prefill)
+    monkeypatch.setattr(runner, "_prefill_inputs", cancelling_prefill)
     decoding_id = reusing.enqueue(greedy(SHARED + [300, 301], max_tokens=12))
     target["id"] = reusing.enqueue(greedy(prompt, max_tokens=12))
     got: dict[int, list[Step]] = {decoding_id: [], target["id"]: []}

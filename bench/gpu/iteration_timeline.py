@@ -39,9 +39,9 @@ Record = tuple[float, dict[str, float], float]  # (iteration seconds, seconds pe
 Forward = tuple[int, int, int, float]  # a prompt forward: (iteration, rows, queries, host ms from call to return)
 
 
-def zero_logits_forward(self, inputs):
+def zero_logits_forward(self, *parts):
     """A forward that computes nothing: `[rows, 64]` zeros (argmax 0)."""
-    rows = inputs.input_ids.shape[0]
+    rows = sum(inputs.input_ids.shape[0] for inputs in parts)
     zeros = getattr(self, "_zeros", None)
     if zeros is None or zeros.shape[0] < rows:
         zeros = self._zeros = torch.zeros(max(rows, 512), 64, device=self.device)

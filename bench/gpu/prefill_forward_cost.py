@@ -107,7 +107,7 @@ def main() -> None:
             started = time.perf_counter()
             try:
                 for shape in ((1, 2), (1, 3), (2, 2), *SHAPES):
-                    forward(inputs(*shape), pool)
+                    forward([inputs(*shape)], pool)
                 synchronize()
             except Exception as exc:  # noqa: BLE001 - a variant that does not compile is reported, the next runs
                 print(f"{name}: failed {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -119,7 +119,7 @@ def main() -> None:
                 for _ in range(5):
                     synchronize()
                     begin = time.perf_counter()
-                    forward(step, pool)
+                    forward([step], pool)
                     returned = time.perf_counter()
                     synchronize()
                     host.append((returned - begin) * 1000)
@@ -128,7 +128,7 @@ def main() -> None:
                         torch.cuda._sleep(int(2e8))
                         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                         start.record()
-                        forward(step, pool)
+                        forward([step], pool)
                         end.record()
                         torch.cuda.synchronize()
                         gpu.append(start.elapsed_time(end))

@@ -402,9 +402,14 @@ class Engine:
         return now
 
     def _prefills_in_decode(self, admitted: list[Sequence], decoding: int) -> tuple[list[Sequence], list[Sequence]]:
-        """(prompts prefilled as rows of the decode step's graph, prompts prefilled in forwards of their own). With
-        CUDA graphs a prompt joins the decode step while the rows fit the largest captured bucket: its prefill is
-        then a graph replay instead of an eager forward (about 30 ms of kernel launches for SmolLM2 on an H200)."""
+        """(prompts prefilled in the decode step's forward, prompts prefilled in forwards of their own). Where the
+        runner mixes prompts into its decode forward (the CPU), the first forward's worth of them join
+        (`prefill_groups`): the step reads the weights once. With CUDA graphs a prompt joins the decode step while
+        the rows fit the largest captured bucket: its prefill is then a graph replay instead of an eager forward
+        (about 30 ms of kernel launches for SmolLM2 on an H200)."""
+        if self.runner.mixes_prompts:
+            groups = prefill_groups(admitted, self.runner.prefill_forward_cost_tokens) or [[]]
+            return groups[0], [sequence for group in groups[1:] for sequence in group]
         rows_left = self.runner.max_graph_rows - decoding
         joining, apart = [], []
         for sequence in admitted:

@@ -54,10 +54,12 @@ def supports(model: torch.nn.Module) -> bool:
 
 
 class FusedForward:
-    """`__call__(inputs, pool)`: `[rows, vocab]` float32 logits at each row's last query, as the runner's forward
-    gives; a row has one query (decode) or a prompt's chunk, left-padded (prefill)."""
+    """`__call__(parts, pool)`: `[rows, vocab]` float32 logits at each row's last query, as the runner's forward
+    gives; in each part a row has one query (decode) or a prompt's chunk, left-padded (prefill). `compile` False
+    (the CPU's default: inductor's C++ would compile for minutes at load on a small host) runs the pieces eagerly."""
 
     def __init__(self, model: torch.nn.Module, compile: bool = True) -> None:
+        self.compiled = self.pads = compile
         config = model.config
         body = model.model
         self.embed = body.embed_tokens
@@ -87,33 +89,46 @@ class FusedForward:
         self._between = wrap(self._between_attentions)
         self._last = wrap(self._last_logits)
 
-    def __call__(self, inputs: StepInputs, pool: KvBlockPool) -> torch.Tensor:
-        rows, queries = inputs.input_ids.shape
-        tokens = rows * queries
-        # A prompt chunk's tokens go through the pieces padded to a bucket (`padded_count`), and its last tokens
-        # through the head likewise: the matmuls then meet few shapes. A decode step's rows are the graphs' buckets.
-        padded, head_rows = (padded_count(tokens), padded_count(rows)) if queries > 1 else (tokens, rows)
-        ids, positions = inputs.input_ids.reshape(-1), inputs.positions.reshape(1, -1)
+    def __call__(self, parts: list[StepInputs], pool: KvBlockPool) -> torch.Tensor:
+        """`[rows, vocab]` float32 logits at each row's last query, part after part. The parts' tokens go through the
+        dense pieces together (each weight read once a forward) and attend part by part, so decode rows and a
+        prompt's chunk can share a forward (`ModelRunner.mixes_prompts`)."""
+        shapes = [tuple(part.input_ids.shape) for part in parts]
+        tokens, rows = sum(r * q for r, q in shapes), sum(r for r, _ in shapes)
+        # With compiled pieces (`pads`), a prompt chunk's tokens go through them padded to a bucket (`padded_count`),
+        # and its last tokens through the head likewise: the matmuls then meet few shapes. A decode step's rows are
+        # the graphs' buckets. Eager pieces (the CPU) take the tokens as they are: padding there is only work.
+        prompt = any(queries > 1 for _, queries in shapes)
+        padded, head_rows = (padded_count(tokens), padded_count(rows)) if prompt and self.pads else (tokens, rows)
+        ids = _joined([part.input_ids.reshape(-1) for part in parts])
+        positions = _joined([part.positions.reshape(-1) for part in parts])[None]
         if padded > tokens:  # padding tokens: id 0 at position 0, never attended to nor written to the pool
             ids, positions = F.pad(ids, (0, padded - tokens)), F.pad(positions, (0, padded - tokens))
-        # The compiled pieces work on tokens (`[padded, ...]`), the attention on rows.
+        # The compiled pieces work on tokens (`[padded, ...]`), the attention on each part's rows.
         hidden = self.embed(ids)
         cos, sin = (part.reshape(padded, -1) for part in self.rotary(hidden, positions))
-        # Additive, in the model's dtype, made once: SDPA would convert a boolean mask in every layer. With several
-        # queries a row's query heads go group by group (see `_attend`), so each group repeats the mask.
-        allowed = inputs.attention_mask(pool.block_size)
-        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~allowed, -torch.inf)
-        if queries > 1:
-            mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
-        # Each row's last token; the head's padding rows read the last row's again.
-        ends = torch.arange(queries - 1, head_rows * queries, queries, device=hidden.device)
+        attending, ends, offset = [], [], 0
+        for part, (part_rows, queries) in zip(parts, shapes):
+            # Additive, in the model's dtype, made once: SDPA would convert a boolean mask in every layer. With
+            # several queries a row's query heads go group by group (see `_attend`), so each group repeats the mask.
+            allowed = part.attention_mask(pool.block_size)
+            mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~allowed,
+                                                                                                     -torch.inf)
+            if queries > 1:
+                mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
+            attending.append((offset, part_rows * queries, part_rows, part.slot_mapping,
+                              part.block_tables.reshape(-1), mask))
+            ends.append(torch.arange(offset + queries - 1, offset + part_rows * queries, queries, device=hidden.device))
+            offset += part_rows * queries
+        ends = _joined(ends)  # each row's last token; the head's padding rows read the last row's again
         if head_rows > rows:
-            ends.clamp_(max=tokens - 1)
-        flat_tables = inputs.block_tables.reshape(-1)
+            ends = F.pad(ends, (0, head_rows - rows), value=tokens - 1)
 
         def attend(index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-            attention = self._attend(pool, index, query[:tokens], key[:tokens], value[:tokens], inputs.slot_mapping,
-                                     flat_tables, mask, rows)
+            attention = _joined([
+                self._attend(pool, index, query[start : start + count], key[start : start + count],
+                             value[start : start + count], slots, flat_tables, mask, part_rows)
+                for start, count, part_rows, slots, flat_tables, mask in attending])
             return F.pad(attention, (0, 0, 0, padded - tokens)) if padded > tokens else attention
 
         first, last = self.layers[0], len(self.layers) - 1
@@ -194,6 +209,11 @@ def padded_counts(largest: int) -> list[int]:
         sizes.append(padded_count(count))
         count = sizes[-1] + 1
     return sizes
+
+
+def _joined(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors concatenated; one is passed as it is (no copy: inside a CUDA graph, no kernel)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 def _rotated(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ decode forward is captured on its first use (after a warm-up on a side stream; t
 pool) and replayed after, the logits read from the graph's static output.
 
 A decode step may feed some rows a token that is still on the device (the engine's overlapped steps). Without
-static shapes (the CPU), rows whose block tables differ a lot go in separate forwards (`padded_groups`).
+static shapes (the CPU), rows whose block tables differ a lot attend apart (`padded_groups`), and with fused
+forwards a step's prompt chunks share its forward (`mixes_prompts`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class ModelRunner:
         cuda_graphs: bool = True,
         fused_forwards: bool | None = None,
     ) -> None:
-        """`fused_forwards` None: on CUDA, for the models `fused_forward` supports (prefill and decode forwards)."""
+        """`fused_forwards` None or True: for the models `fused_forward` supports (prefill and decode forwards)."""
         self.model = model
         use_grouped_decode_attention(model)
         config = model.config
@@ -61,9 +62,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             use_fused_rms_norm(model)  # on an H200: 1 stream 1.37x, 256 streams 1.07x (docs/performance.md)
         self.static_shapes = self.device.type == "cuda" if static_shapes is None else static_shapes
-        if fused_forwards is None:
-            fused_forwards = self.device.type == "cuda" and fused_forward.supports(model)
-        self.fused_forward = fused_forward.FusedForward(model) if fused_forwards else None
+        # Compiled on CUDA; eager on the CPU, where a forward's weights read once for decode rows and a prompt's
+        # chunk together is the gain (`mixes_prompts`).
+        self.fused_forward = (fused_forward.FusedForward(model, compile=self.device.type == "cuda")
+                              if fused_forwards is not False and fused_forward.supports(model) else None)
         # What a prompt forward costs beyond its padded tokens, in tokens (`scheduler.prefill_groups`). On an H200 a
         # prompt forward cost the host 13-83 ms whatever its shape, far more than its GPU time (about 1 us a padded
         # token): one forward an iteration took the 256-stream round's prompt iterations from 273-352 ms to 118-142
@@ -110,6 +112,10 @@ class ModelRunner:
     def prefill(self, sequences: list[Sequence]) -> torch.Tensor:
         """Each sequence's chunk `[num_computed, prefill_end)`, left-padded into one forward; `[n, vocab]` logits at
         each chunk's last token."""
+        return self._forward(self._on_device(self._prefill_inputs(sequences)))
+
+    def _prefill_inputs(self, sequences: list[Sequence]) -> StepInputs:
+        """The chunks' tokens, left-padded to the longest, on the host."""
         block_size = self.pool.block_size
         queries = max(sequence.prefill_len for sequence in sequences)
         # Only the blocks up to each chunk's end: the keys past it are masked anyway, and a chunk of a long prompt
@@ -130,25 +136,44 @@ class ModelRunner:
         padding = np.arange(queries)[None, :] < (queries - np.array([s.prefill_len for s in sequences]))[:, None]
         slots = np.take_along_axis(tables, positions // block_size, 1) * block_size + positions % block_size
         slots[padding] = TRASH_BLOCK * block_size
-        inputs = StepInputs(*(torch.from_numpy(array) for array in (ids, positions, slots.reshape(-1), tables)))
-        return self._forward(self._on_device(inputs))
+        return StepInputs(*(torch.from_numpy(array) for array in (ids, positions, slots.reshape(-1), tables)))
 
     def decode(
         self, sequences: list[Sequence], prefills: list[Sequence] = (), fed: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """See `_decode_rows`. Without static shapes (the CPU) the decoding rows go in several forwards when padding
-        every row to the widest block table would gather more keys and values than a forward of its own costs
-        (`padded_groups`): one sequence with a long context no longer makes every row of the step read its width
-        (CPU, 16 streams beside a 2,048-token context: 1.0 s for the step instead of about 0.1 s)."""
-        if self.static_shapes or prefills or len(sequences) < 2:
+        """`[len(sequences) + len(prefills), vocab]` logits: each decoding sequence's next token's, then each prompt
+        chunk's last token's (see `_decode_rows`). Without static shapes (the CPU) rows whose block tables differ a
+        lot attend apart (`padded_groups`): one sequence with a long context no longer makes every row of the step
+        read its width (CPU, 16 streams beside a 2,048-token context: 1.0 s for the step instead of about 0.1 s).
+        With `mixes_prompts` those groups and the prompts' chunks (left-padded, as `prefill`) share one forward;
+        else each group is a forward of its own."""
+        if self.static_shapes:
             return self._decode_rows(sequences, prefills, fed)
-        groups = padded_groups([len(s.blocks.block_ids) for s in sequences], self._forward_cost_blocks)
-        if len(groups) == 1:
+        groups = (padded_groups([len(s.blocks.block_ids) for s in sequences], self._forward_cost_blocks)
+                  if len(sequences) > 1 else [list(range(len(sequences)))])
+        if self.mixes_prompts:
+            parts = [self._decode_inputs([sequences[r] for r in rows], (), fed)[0] for rows in groups if rows]
+            if prefills:
+                parts.append(self._on_device(self._prefill_inputs(prefills)))
+            logits = self._forward(*parts)
+            order = [row for rows in groups for row in rows]
+            if order == sorted(order):
+                return logits
+            rows = [*np.argsort(order).tolist(), *range(len(sequences), len(sequences) + len(prefills))]
+            return logits[to_device(rows, self.device, torch.long)]
+        if prefills or len(groups) == 1:
             return self._decode_rows(sequences, prefills, fed)
         logits = torch.empty((len(sequences), self.vocab_size), dtype=torch.float32, device=self.device)
         for rows in groups:
             logits[to_device(rows, self.device, torch.long)] = self._decode_rows([sequences[r] for r in rows], (), fed)
         return logits
+
+    @property
+    def mixes_prompts(self) -> bool:
+        """Whether a decode step's forward takes prompt chunks as chunks (several queries a row) beside its decoding
+        rows: fused forwards without static shapes (the CPU). A step with a chunk then reads the weights once, not
+        twice (CPU: see docs/performance.md). CUDA graphs take prompts as single-query rows instead."""
+        return self.fused_forward is not None and not self.static_shapes
 
     def _decode_rows(
         self, sequences: list[Sequence], prefills: list[Sequence] = (), fed: torch.Tensor | None = None
@@ -157,9 +182,24 @@ class ModelRunner:
         pool yet), then each token of `prefills`' chunks as a row of its own. A row writes its token's keys
         and values, then attends over its sequence's blocks up to its own position (within one forward every row
         writes before any row reads, so a prompt's rows see each other). `[len(sequences) + len(prefills), vocab]`
-        logits: the decoding rows', then each prefill chunk's last token's.
-        A sequence with a token still on the device (`pending`, the engine's overlapped steps) is fed row
-        `device_row` of `fed`, the in-flight step's sampled tokens, without the host reading it."""
+        logits: the decoding rows', then each prefill chunk's last token's."""
+        inputs, keep = self._decode_inputs(sequences, prefills, fed)
+        if self.cuda_graphs:
+            # The graph's own output, which the next replay overwrites: indexing copies it, a slice would not.
+            logits = self._graph_logits(inputs)
+            if keep is None:
+                return logits[: len(sequences)].clone()
+        else:
+            logits = self._forward(inputs)
+        return logits[keep] if keep is not None else logits[: len(sequences)]
+
+    def _decode_inputs(
+        self, sequences: list[Sequence], prefills: list[Sequence] = (), fed: torch.Tensor | None = None
+    ) -> tuple[StepInputs, torch.Tensor | None]:
+        """`_decode_rows`' inputs on the device (with static shapes: bucketed, in the bucket's own tensors), and the
+        logits rows to keep when prefill rows are among them. A sequence with a token still on the device
+        (`pending`, the engine's overlapped steps) is fed row `device_row` of `fed`, the in-flight step's sampled
+        tokens, without the host reading it."""
         block_size = self.pool.block_size
         spans = [(s.num_tokens - 1, s.num_tokens) for s in sequences]
         spans += [(s.num_computed, s.prefill_end) for s in prefills]
@@ -195,14 +235,7 @@ class ModelRunner:
             keep = to_device(torch.from_numpy(last_rows), self.device)
         inputs = self._static_copy(inputs) if self.static_shapes else self._on_device(inputs)
         self._feed_device_tokens(inputs.input_ids, sequences, fed)
-        if self.cuda_graphs:
-            # The graph's own output, which the next replay overwrites: indexing copies it, a slice would not.
-            logits = self._graph_logits(inputs)
-            if keep is None:
-                return logits[: len(sequences)].clone()
-        else:
-            logits = self._forward(inputs)
-        return logits[keep] if keep is not None else logits[: len(sequences)]
+        return inputs, keep
 
     def _feed_device_tokens(self, input_ids: torch.Tensor, sequences: list[Sequence], fed: torch.Tensor | None) -> None:
         """Write the pending sequences' tokens from `fed` (on the device) into their rows of `input_ids`."""
@@ -251,7 +284,7 @@ class ModelRunner:
         to `max_rows`) are padded to (`fused_forward.padded_counts`): the matmuls then meet no new shape mid-run,
         and the caching allocators hold the largest forward's memory. Whether there was anything to compile.
         Padding rows only: they write to the trash block."""
-        if self.fused_forward is None:
+        if self.fused_forward is None or not self.fused_forward.compiled:
             return False
         block_size = self.pool.block_size
         # One row with two lengths (so its token count is compiled dynamic, not a constant), then several rows.
@@ -288,11 +321,12 @@ class ModelRunner:
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
         return self.model(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
 
-    def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        """`[rows, vocab]` float logits at each row's last query: `fused_forward`'s when the runner has one, else
-        transformers' forward over the pool."""
+    def _forward(self, *parts: StepInputs) -> torch.Tensor:
+        """`[rows, vocab]` float logits at each row's last query, part after part: `fused_forward`'s when the runner
+        has one, else transformers' forward over the pool (one part)."""
         if self.fused_forward is not None:
-            return self.fused_forward(inputs, self.pool)
+            return self.fused_forward(list(parts), self.pool)
+        (inputs,) = parts
         output = self.model(
             input_ids=inputs.input_ids,
             attention_mask=inputs.attention_mask(self.pool.block_size),

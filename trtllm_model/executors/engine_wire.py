@@ -50,7 +50,7 @@ class EngineSpec:
     guide_compile_timeout_s: float = 10.0  # the worker compiles guides (embedded/guided.py), within this
     prefill_stall_factor: float = 0.0  # embedded/step_budget.py
     overlap_steps: bool | None = None  # embedded/engine.py; None: on CUDA only
-    fused_forward: bool | None = None  # embedded/fused_forward.py; None: on CUDA only
+    fused_forward: bool | None = None  # embedded/fused_forward.py; None: where the model is supported
 
 
 @dataclass(slots=True)

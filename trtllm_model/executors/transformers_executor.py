@@ -35,15 +35,16 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    and the guide stays refused. With engine_process the worker compiles guides (once, off its
                    command loop); the stub only checks their limits
   prefill_stall_factor  a step that prefills a prompt chunk beside decoding streams takes at most this many times a
-                   decode-only step (default 4 on CPU; 0 = off, the default on CUDA): the chunk size is steered
+                   decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is steered
                    by the engine's own step times (embedded/step_budget.py; docs/performance.md has the trade-off)
   overlap_steps    true (the default on CUDA): the engine launches each step before the host has read the last
                    step's tokens (they are fed on the device), so the host's work of a step runs while the device
                    computes; requests with a guide, bias, penalties, bad words or logits to return are stepped
                    one at a time whenever they run. false: every step waits for its tokens. Ignored on CPU
-  fused_forward    true (the default on CUDA): a Llama-family model's forwards run as a few torch.compile'd
-                   pieces between the paged attentions (embedded/fused_forward.py; compiled at load, inside the CUDA
-                   graphs). false, or another architecture: transformers' own forward. Ignored on CPU
+  fused_forward    true (the default): a Llama-family model's forwards run as a few pieces between the paged
+                   attentions (embedded/fused_forward.py). On CUDA they are torch.compile'd at load and replayed
+                   inside the CUDA graphs; on CPU they run eagerly, and a step's prompt chunks share its decode
+                   forward (the weights read once). false, or another architecture: transformers' own forward
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
 
@@ -103,7 +104,10 @@ PARAMETERS = frozenset(
 
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_NUM_TOKENS = 2048
-DEFAULT_CPU_STALL_FACTOR = 4.0  # prefill_stall_factor on CPU: a step with a prompt chunk about 4x a decode-only step
+# prefill_stall_factor on CPU: a step with a prompt chunk about 2.5x a decode-only step, so the streams' worst gap
+# stays near 3x (docs/performance.md); with the chunk in the decode step's forward the long prompt's TTFT is no worse
+# than factor 4's was with a forward of its own.
+DEFAULT_CPU_STALL_FACTOR = 2.5
 
 
 class TransformersExecutor(Executor):
@@ -133,7 +137,8 @@ class TransformersExecutor(Executor):
         overlap_steps: bool | None = None,
         fused_forward: bool | None = None,
     ) -> None:
-        """The engine on a thread of this process (`overlap_steps` and `fused_forward` None: on CUDA only)."""
+        """The engine on a thread of this process (`overlap_steps` None: on CUDA only; `fused_forward` None: for
+        the models it supports)."""
         self.runner = ModelRunner(model, cuda_graphs=cuda_graphs, fused_forwards=fused_forward)
         memory = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else default_kv_cache_bytes(self.runner.device)
         budget = KvBudget(memory, self.runner.kv_bytes_per_token, kv_block_size)
@@ -327,7 +332,7 @@ def create(params: Params) -> Executor:
     stall_factor = params.float("prefill_stall_factor", DEFAULT_CPU_STALL_FACTOR if device == "cpu" else 0.0,
                                 minimum=0.0)
     overlap = params.bool("overlap_steps", True) and device != "cpu"
-    fused = params.bool("fused_forward", True) and device != "cpu"
+    fused = params.bool("fused_forward", True)
     guide_limits = (params.int("max_guide_bytes", DEFAULT_MAX_GUIDE_BYTES, minimum=1),
                     params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001))
     # On CUDA the worker process frees the engine's steps from the stub's GIL (the point of issue 24); on a small CPU

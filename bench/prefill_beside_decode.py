@@ -1,0 +1,147 @@
+"""A prompt's chunk beside decoding streams on the CPU, in process (SmolLM2, float32, 2 torch threads).
+
+    .venv/bin/python bench/prefill_beside_decode.py forwards        # ~2 min: what a step's forwards cost
+    .venv/bin/python bench/prefill_beside_decode.py steps 2.5       # ~1 min: the step budget's steps, one run
+    .venv/bin/python bench/prefill_beside_decode.py steps 2.5 --no-fused-forward   # transformers' forward, apart
+
+forwards: milliseconds (median of 7 calls) of a decode step of 16 rows (100-token contexts), of a prompt chunk of 32,
+64 or 128 tokens at prefix 0, 1,024 and 1,920, with transformers' forward and with fused_forward's eager pieces,
+and of the decode rows and the chunk in two forwards against one (`ModelRunner.mixes_prompts`).
+
+steps: 16 streams decode (60-token prompts), then a 2,048-token prompt arrives; prints the engine's steps while it
+prefills (decoding rows, prompt tokens, ms, the budget's next chunk) and its time to first token, with the executor's
+`prefill_stall_factor` as given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from trtllm_model.embedded import step_budget
+from trtllm_model.embedded.fused_forward import FusedForward
+from trtllm_model.embedded.kv_cache import StepInputs
+from trtllm_model.embedded.model_loading import load_model
+from trtllm_model.embedded.runner import ModelRunner
+from trtllm_model.executor_interface import GenerationRequest
+from trtllm_model.executors.transformers_executor import TransformersExecutor
+
+BLOCK_SIZE = 16
+
+
+def decode_inputs(rows: int, context: int) -> StepInputs:
+    """One query a row at position `context - 1`, each row's blocks its own (blocks 1-290)."""
+    width = -(-context // BLOCK_SIZE)
+    tables = np.arange(rows * width).reshape(rows, width) % 290 + 1
+    positions = np.full((rows, 1), context - 1)
+    slots = tables[:, -1] * BLOCK_SIZE + (context - 1) % BLOCK_SIZE
+    return StepInputs(torch.zeros((rows, 1), dtype=torch.long), torch.from_numpy(positions), torch.from_numpy(slots),
+                      torch.from_numpy(tables))
+
+
+def chunk_inputs(start: int, tokens: int) -> StepInputs:
+    """One row: a chunk of `tokens` queries at positions `start..`, over blocks 300 on."""
+    tables = (np.arange(-(-(start + tokens) // BLOCK_SIZE)) + 300)[None, :]
+    positions = np.arange(start, start + tokens)[None, :]
+    slots = tables[0, positions[0] // BLOCK_SIZE] * BLOCK_SIZE + positions[0] % BLOCK_SIZE
+    return StepInputs(torch.zeros((1, tokens), dtype=torch.long), torch.from_numpy(positions),
+                      torch.from_numpy(slots), torch.from_numpy(tables))
+
+
+def median_ms(forward: Callable[..., object], *parts: StepInputs, calls: int = 7) -> float:
+    """A forward of `parts`, timed after one call to warm it."""
+    forward(*parts)
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        forward(*parts)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def forwards() -> None:
+    model = load_model().model
+    runner = ModelRunner(model, fused_forwards=False)
+    pool = runner.allocate_kv_pool(600, BLOCK_SIZE)
+    pool.zero_up_to(601)
+    fused = FusedForward(model, compile=False)
+    decode = decode_inputs(16, 100)
+    def fused_parts(*parts: StepInputs) -> torch.Tensor:
+        return fused(list(parts), pool)
+
+    with torch.inference_mode():
+        for label, forward in (("transformers", runner._forward), ("fused", fused_parts)):
+            print(f"decode, {label}: 1 row {median_ms(forward, decode_inputs(1, 100)):.1f} ms, 16 rows "
+                  f"{median_ms(forward, decode):.1f} ms", flush=True)
+        decode_ms = median_ms(fused_parts, decode)
+        print("chunk at prefix | transformers | fused | fused: decode 16 + chunk apart | in one forward")
+        for start in (0, 1024, 1920):
+            for tokens in (32, 64, 128):
+                chunk = chunk_inputs(start, tokens)
+                alone = median_ms(fused_parts, chunk)
+                print(f"{tokens:4d} at {start:4d} | {median_ms(runner._forward, chunk):6.1f} | {alone:6.1f} | "
+                      f"{decode_ms + alone:6.1f} | {median_ms(fused_parts, decode, chunk):6.1f}", flush=True)
+
+
+def steps(factor: float, fused: bool) -> None:
+    log: list[tuple[int, int, float, int]] = []
+    observe = step_budget.StepBudget.observe
+
+    def recording(self, decoding: int, prompt_tokens: int, seconds: float) -> None:
+        observe(self, decoding, prompt_tokens, seconds)
+        log.append((decoding, prompt_tokens, seconds * 1000, self.chunk))
+
+    step_budget.StepBudget.observe = recording
+    loaded = load_model()
+    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=32, max_num_tokens=2048,
+                                    prefill_stall_factor=factor, fused_forward=fused)
+    rng = random.Random(1)
+    try:
+        streams = [executor.enqueue(GenerationRequest(input_ids=[rng.randrange(100, 40000) for _ in range(60)],
+                                                      max_tokens=400, end_id=-1)) for _ in range(16)]
+        started = time.monotonic()
+        while time.monotonic() - started < 4:
+            executor.await_steps(0.5)
+        before = len(log)
+        prompt = [rng.randrange(100, 40000) for _ in range(2048)]
+        long_id = executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=4, end_id=-1))
+        sent, first = time.monotonic(), None
+        while first is None:
+            if any(step.request_id == long_id and step.token_ids for step in executor.await_steps(0.5)):
+                first = time.monotonic() - sent
+        decode_only = statistics.median(ms for decoding, tokens, ms, _ in log[:before] if decoding and not tokens)
+        chunked = [entry for entry in log[before:] if entry[1]]
+        for decoding, tokens, ms, chunk in chunked:
+            print(f"decoding {decoding:2d}, prompt tokens {tokens:4d}: {ms:6.1f} ms; next chunk {chunk}")
+        worst = max(ms for _, _, ms, _ in chunked)
+        print(f"{'fused, one forward' if fused else 'transformers, apart'}, factor {factor}: TTFT {first:.2f} s; "
+              f"{len(chunked)} steps with a chunk, median {statistics.median(e[2] for e in chunked):.0f} ms, worst "
+              f"{worst:.0f} ms; decode-only step median {decode_only:.0f} ms (worst {worst / decode_only:.2f}x)")
+        for request_id in streams:
+            executor.cancel(request_id)
+    finally:
+        executor.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["forwards", "steps"])
+    parser.add_argument("factor", type=float, nargs="?", default=2.5, help="steps: prefill_stall_factor")
+    parser.add_argument("--fused-forward", action=argparse.BooleanOptionalAction, default=True,
+                        help="steps: fused forwards, the chunk in the decode step's forward (default) or not")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    if args.what == "forwards":
+        forwards()
+    else:
+        steps(args.factor, args.fused_forward)
+
+
+if __name__ == "__main__":
+    main()
