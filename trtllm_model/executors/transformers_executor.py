@@ -105,8 +105,8 @@ PARAMETERS = frozenset(
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_NUM_TOKENS = 2048
 # prefill_stall_factor on CPU: a step with a prompt chunk about 2.5x a decode-only step, so the streams' worst gap
-# stays near 3x (docs/performance.md); with the chunk in the decode step's forward the long prompt's TTFT is no worse
-# than factor 4's was with a forward of its own.
+# stays near 3x (3.4-3.8x through the server, docs/performance.md); with the chunk in the decode step's forward a long
+# prompt starts about as soon as at factor 4 with a forward of its own.
 DEFAULT_CPU_STALL_FACTOR = 2.5
 
 
