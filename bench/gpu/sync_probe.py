@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_model.embedded.sampling import SamplingParams, SamplingState, ban_early_end_ids, sample_on_device  # noqa: E402
+from trtllm_model.embedded.sampling import SamplingParams, SamplingState, ban_tokens, sample_on_device  # noqa: E402
 from trtllm_model.embedded.transfers import to_device  # noqa: E402
 
 device = torch.device("cuda")
@@ -51,7 +51,7 @@ probe("torch.tensor(list, device=cuda)", lambda: torch.tensor([1, 2, 3], device=
 probe("to_device(list)", lambda: to_device([[0, 1], [2, 3]], device, torch.long))
 probe("logits[i, j] = -inf (device index)", lambda: logits.__setitem__(
     tuple(to_device([[0, 1], [2, 3]], device, torch.long)), float("-inf")))
-probe("ban_early_end_ids, 256 rows", lambda: ban_early_end_ids(logits, greedy))
+probe("ban_tokens (early end ids), 256 rows", lambda: ban_tokens(logits, [(row, 2) for row in range(256)]))
 probe("sample_on_device, greedy 256", lambda: sample_on_device(logits, greedy))
 probe("sample_on_device, top_p 256", lambda: sample_on_device(logits, sampled))
 probe("argmax", lambda: logits.argmax(-1))

@@ -42,7 +42,7 @@ from ..executor_interface import FinishReason, IterationStats, KvCacheStats, Ste
 from .block_manager import BlockManager
 from .kv_budget import KvBudget
 from .runner import ModelRunner
-from .sampling import NO_ALLOWED_TOKEN, ban_early_end_ids, ban_tokens, sample_next_tokens, sample_on_device
+from .sampling import NO_ALLOWED_TOKEN, ban_tokens, sample_next_tokens, sample_on_device
 from .scheduler import Scheduler, SchedulerLimits, prefill_groups
 from .sequence import Sequence, Status
 from .step_budget import StepBudget
@@ -323,17 +323,15 @@ class Engine:
         if not all(sequence.overlappable for sequence in rows):
             return None
         try:
+            # The end ids of rows short of min_tokens, banned first (the only ban a row sampled here can need).
+            ban_tokens(logits, [(row, sequence.end_id) for row, sequence in enumerate(rows) if sequence.bans_end_id()])
             if all(sequence.sampling.greedy and not sequence.sampling.log_probs for sequence in rows):
-                # The usual step: an argmax, once the end ids of rows short of min_tokens are banned; no per-row
-                # states (building them took about a tenth of the engine thread's time, host-only, 256 streams).
-                ban_tokens(logits, [(row, sequence.end_id) for row, sequence in enumerate(rows)
-                                    if sequence.bans_end_id()])
+                # The usual step: an argmax, without per-row states (building them took about a tenth of the engine
+                # thread's time, host-only, 256 streams).
                 tokens = logits.argmax(-1)
                 log_probs = torch.zeros(len(rows), dtype=logits.dtype, device=logits.device)
             else:
-                states = [sequence.sampling_state() for sequence in rows]
-                ban_early_end_ids(logits, states)
-                tokens, log_probs = sample_on_device(logits, states)
+                tokens, log_probs = sample_on_device(logits, [sequence.sampling_state() for sequence in rows])
             host_tokens, host_log_probs = self._host_buffer(len(rows), log_probs.dtype)
             host_tokens.copy_(tokens, non_blocking=True)
             host_log_probs.copy_(log_probs, non_blocking=True)

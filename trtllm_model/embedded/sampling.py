@@ -115,14 +115,6 @@ def banned_next_tokens(state: SamplingState) -> list[int]:
     return banned
 
 
-def ban_early_end_ids(logits: torch.Tensor, states: list[SamplingState]) -> None:
-    """In place, without waiting for the device: each unguided row's end id while it has fewer than min_tokens
-    outputs (what `banned_next_tokens` bans for min_tokens, for rows sampled by `sample_on_device` alone)."""
-    ban_tokens(logits, [(row, state.end_id) for row, state in enumerate(states)
-                        if state.end_id is not None and state.guide is None
-                        and state.num_output < state.params.min_tokens])
-
-
 def ban_tokens(logits: torch.Tensor, banned: list[tuple[int, int]]) -> None:
     """In place, without waiting for the device: -inf at each (row, token id) of `banned`."""
     if banned:
