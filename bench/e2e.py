@@ -58,12 +58,12 @@ def in_process(args, loads: list[int]) -> list[dict]:
     import torch
 
     from trtllm_model.detokenizer import chat_prompt_ids
-    from trtllm_model.embedded.model_loading import load_model
+    from trtllm_model.embedded.model_loading import default_dtype, load_model
     from trtllm_model.executor_interface import GenerationRequest
     from trtllm_model.executors.engine_wire import EngineSpec
     from trtllm_model.executors.transformers_executor import TransformersExecutor
 
-    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    dtype = args.dtype or default_dtype(args.device)
     if args.engine_process == "true":  # the same worker process the server runs
         spec = EngineSpec(model_dir=args.model_dir, device=args.device, dtype=dtype, max_batch_size=max(loads),
                           max_num_tokens=args.max_num_tokens)
@@ -358,7 +358,7 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--client-procs", type=int, default=4)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16, float32 on a CPU without bfloat16 dot products")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config.pbtxt parameter of the served model (e.g. sender_threads=8)")
     parser.add_argument("--profile-s", type=float, default=0.0, help="py-spy the served model this long at each load")

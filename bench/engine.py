@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trtllm_model.detokenizer import chat_prompt_ids  # noqa: E402
-from trtllm_model.embedded.model_loading import load_model  # noqa: E402
+from trtllm_model.embedded.model_loading import default_dtype, load_model  # noqa: E402
 from trtllm_model.executor_interface import GenerationRequest  # noqa: E402
 from trtllm_model.executors.engine_wire import EngineSpec  # noqa: E402
 from trtllm_model.executors.transformers_executor import TransformersExecutor  # noqa: E402
@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--levels", default="1,8,32", help="executor concurrency levels (default 1,8,32)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
-    parser.add_argument("--dtype", default=None, help="float32 (default on CPU) or bfloat16 (default on CUDA)")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16, float32 on a CPU without bfloat16 dot products")
     parser.add_argument("--sequential-prompts", type=int, default=None,
                         help="prompts for the one-at-a-time baseline (its tokens/s does not depend on how many; "
                              "default: --prompts)")
@@ -161,7 +161,7 @@ def main() -> None:
     compiled_static = args.compiled_static if args.compiled_static is not None else args.device.startswith("cuda")
     torch.set_num_threads(args.threads)
     levels = [int(level) for level in args.levels.split(",") if level]
-    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    dtype = args.dtype or default_dtype(args.device)
 
     loaded = load_model(device=args.device, dtype=dtype)
     model, tokenizer = loaded.model, loaded.tokenizer

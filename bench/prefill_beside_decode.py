@@ -1,4 +1,5 @@
-"""A prompt's chunk beside decoding streams on the CPU, in process (SmolLM2, float32, 2 torch threads).
+"""A prompt's chunk beside decoding streams on the CPU, in process (SmolLM2, the executor's dtype or --dtype, 2 torch
+threads).
 
     .venv/bin/python bench/prefill_beside_decode.py forwards        # ~2 min: what a step's forwards cost
     .venv/bin/python bench/prefill_beside_decode.py steps 2.5       # ~1 min: the step budget's steps, one run
@@ -27,7 +28,7 @@ import torch
 from trtllm_model.embedded import step_budget
 from trtllm_model.embedded.fused_forward import FusedForward
 from trtllm_model.embedded.kv_cache import StepInputs
-from trtllm_model.embedded.model_loading import load_model
+from trtllm_model.embedded.model_loading import default_dtype, load_model
 from trtllm_model.embedded.runner import ModelRunner
 from trtllm_model.executor_interface import GenerationRequest
 from trtllm_model.executors.transformers_executor import TransformersExecutor
@@ -65,8 +66,8 @@ def median_ms(forward: Callable[..., object], *parts: StepInputs, calls: int = 7
     return statistics.median(times) * 1000
 
 
-def forwards() -> None:
-    model = load_model().model
+def forwards(dtype: str) -> None:
+    model = load_model(dtype=dtype).model
     runner = ModelRunner(model, fused_forwards=False)
     pool = runner.allocate_kv_pool(600, BLOCK_SIZE)
     pool.zero_up_to(601)
@@ -89,7 +90,7 @@ def forwards() -> None:
                       f"{decode_ms + alone:6.1f} | {median_ms(fused_parts, decode, chunk):6.1f}", flush=True)
 
 
-def steps(factor: float, fused: bool) -> None:
+def steps(factor: float, fused: bool, dtype: str) -> None:
     log: list[tuple[int, int, float, int]] = []
     observe = step_budget.StepBudget.observe
 
@@ -98,7 +99,7 @@ def steps(factor: float, fused: bool) -> None:
         log.append((decoding, prompt_tokens, seconds * 1000, self.chunk))
 
     step_budget.StepBudget.observe = recording
-    loaded = load_model()
+    loaded = load_model(dtype=dtype)
     executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=32, max_num_tokens=2048,
                                     prefill_stall_factor=factor, fused_forward=fused)
     rng = random.Random(1)
@@ -120,7 +121,7 @@ def steps(factor: float, fused: bool) -> None:
         for decoding, tokens, ms, chunk in chunked:
             print(f"decoding {decoding:2d}, prompt tokens {tokens:4d}: {ms:6.1f} ms; next chunk {chunk}")
         worst = max(ms for _, _, ms, _ in chunked)
-        print(f"{'fused, one forward' if fused else 'transformers, apart'}, factor {factor}: TTFT {first:.2f} s; "
+        print(f"{dtype}, {'fused, one forward' if fused else 'transformers, apart'}, factor {factor}: TTFT {first:.2f} s; "
               f"{len(chunked)} steps with a chunk, median {statistics.median(e[2] for e in chunked):.0f} ms, worst "
               f"{worst:.0f} ms; decode-only step median {decode_only:.0f} ms (worst {worst / decode_only:.2f}x)")
         for request_id in streams:
@@ -135,12 +136,15 @@ def main() -> None:
     parser.add_argument("factor", type=float, nargs="?", default=2.5, help="steps: prefill_stall_factor")
     parser.add_argument("--fused-forward", action=argparse.BooleanOptionalAction, default=True,
                         help="steps: fused forwards, the chunk in the decode step's forward (default) or not")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                        help="the model's weights (default: the executor's on this CPU)")
     args = parser.parse_args()
     torch.set_num_threads(2)
+    args.dtype = args.dtype or default_dtype("cpu")
     if args.what == "forwards":
-        forwards()
+        forwards(args.dtype)
     else:
-        steps(args.factor, args.fused_forward)
+        steps(args.factor, args.fused_forward, args.dtype)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def kernel_summary(profiler: torch.profiler.profile, iterations: int, top: int) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16, float32 on a CPU without bfloat16 dot products")
     parser.add_argument("--levels", default="1,64")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=48, help="tokens per prompt (distinct random ids)")
@@ -93,12 +93,12 @@ def main() -> None:
     parser.add_argument("--results-dir", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    from trtllm_model.embedded.model_loading import default_dtype, load_model
+
+    dtype = args.dtype or default_dtype(args.device)
     if args.tiny:
         model = tiny_model().to(device=args.device, dtype=getattr(torch, dtype))
     else:
-        from trtllm_model.embedded.model_loading import load_model
-
         model = load_model(device=args.device, dtype=dtype).model
     levels = [int(level) for level in args.levels.split(",") if level]
     generator = torch.Generator().manual_seed(1)

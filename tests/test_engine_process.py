@@ -46,7 +46,8 @@ def new_process_executor(**parameters: str) -> TransformersExecutor:
 
 @pytest.fixture(scope="module")
 def executor():
-    executor = new_process_executor(max_queue_size="2")
+    # float32: the logits are compared with a thread engine's (load_model's float32) to 1e-3
+    executor = new_process_executor(max_queue_size="2", dtype="float32")
     yield executor
     executor.shutdown()
 

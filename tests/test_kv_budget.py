@@ -109,7 +109,8 @@ def test_the_default_budget_and_the_parameter(loaded):
     finally:
         executor.shutdown()
     assert "kv_cache_memory_bytes" in PARAMETERS
-    configured = create(Params({"torch_threads": "2", "kv_cache_memory_bytes": "4608000"}, PARAMETERS))
+    configured = create(Params({"torch_threads": "2", "kv_cache_memory_bytes": "4608000", "dtype": "float32"},
+                               PARAMETERS))
     try:
         assert configured.kv_budget.num_blocks == 6 and configured.kv_budget.max_slots == 96  # 100 slots, whole blocks
     finally:
@@ -261,7 +262,8 @@ def test_a_server_with_a_small_budget_refuses_what_never_fits_and_queues_the_res
     from prometheus_text import scrape
     from triton_client import StreamClient, stream_once, token_inputs
 
-    server = start_server(tmp_path, executor="transformers", parameters={"kv_cache_memory_bytes": str(100 * 46080)})
+    server = start_server(tmp_path, executor="transformers",
+                          parameters={"kv_cache_memory_bytes": str(100 * 46080), "dtype": "float32"})
     try:
         refused = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 504, 3575], 98), timeout_s=60)
         assert refused.finals == 1 and refused.responses == [] and len(refused.errors) == 1

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from trtllm_model.embedded.model_loading import load_model
+from trtllm_model.embedded.model_loading import default_dtype, load_model
 from trtllm_model.executor_interface import (
     ExecutorError,
     FinishReason,
@@ -344,6 +344,8 @@ def test_create_reads_config_parameters():
     try:
         assert executor.max_batch_size == 4 and executor.max_input_len == 256
         assert executor.tokenizer().eos_token_id == 2
+        # No dtype parameter: bfloat16 where this CPU has bfloat16 dot products, else float32 (default_dtype)
+        assert executor.runner.dtype == getattr(torch, default_dtype("cpu"))
     finally:
         executor.shutdown()
 

@@ -8,7 +8,8 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   model_dir        Hugging Face checkpoint directory; unset: the embedded SmolLM2 (dequantised once, then cached)
   model_cache_dir  where the dequantised SmolLM2 is kept (default $XDG_CACHE_HOME/trtllm_triton)
   device           cpu (default), cuda or cuda:N
-  dtype            float32 (default on CPU), bfloat16 (default on CUDA) or float16
+  dtype            float32, bfloat16 or float16. Default bfloat16, except float32 on a CPU without bfloat16 dot
+                   products (AVX512-BF16, AMX), where bfloat16 is emulated (embedded/model_loading.default_dtype)
   torch_threads    torch intra-op threads; unset on CPU: one per core of this process's affinity that other
                    processes do not keep busy, measured every second (embedded/cpu_share.py), at least one
   engine_process   true: the engine runs in a worker process of its own (executors/engine_client.py), the stub
@@ -76,7 +77,7 @@ from ..embedded.kv_budget import (
     KvBudget,
     default_kv_cache_bytes,
 )
-from ..embedded.model_loading import load_model, load_tokenizer
+from ..embedded.model_loading import default_dtype, load_model, load_tokenizer
 from ..embedded.runner import ModelRunner
 from ..embedded.sequence import Sequence
 from ..executor_interface import (
@@ -318,9 +319,7 @@ def create(params: Params) -> Executor:
     device = params.str("device", "cpu")
     if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
         raise ConfigError(f"parameter device={device!r}: expected cpu, cuda or cuda:N")
-    dtype = params.str(
-        "dtype", "float32" if device == "cpu" else "bfloat16", choices=("float32", "bfloat16", "float16")
-    )
+    dtype = params.str("dtype", default_dtype(device), choices=("float32", "bfloat16", "float16"))
     threads = params.int("torch_threads", None, minimum=1)
     max_num_tokens = params.int("max_num_tokens", DEFAULT_MAX_NUM_TOKENS, minimum=1)
     kv_cache_memory_bytes = params.int("kv_cache_memory_bytes", None, minimum=1)
