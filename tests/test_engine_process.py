@@ -136,6 +136,46 @@ def test_with_every_core_busy_elsewhere_the_forward_runs_on_one_thread():
             spinner.wait()
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) > 8, reason="one busy loop per core")
+def test_beside_busy_cores_the_engines_fused_forwards_run_on_one_thread():
+    """The engine's CPU steps run `fused_forward`, which never calls the model's forward: the threads must still
+    follow the free cores (a fused step ran on every core beside a busy one until the hook moved to the embeddings)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    share = FreeCoreThreads(sample_s=0.5).start()
+    executor = TransformersExecutor(model, None, max_batch_size=2, kv_cache_memory_bytes=1 << 20)
+    try:
+        share.attach(model)
+        deadline = time.monotonic() + 10
+        while share.threads != 1:
+            assert time.monotonic() < deadline, f"still {share.threads} threads beside {len(spinners)} busy loops"
+            time.sleep(0.1)
+        fused, seen = executor.runner.fused_forward, []
+        assert fused is not None
+
+        def recording(parts, pool):
+            logits = fused(parts, pool)
+            seen.append(torch.get_num_threads())  # on the engine's thread, as the forward left it
+            return logits
+        executor.runner.fused_forward = recording
+        request_id = executor.enqueue(GenerationRequest(input_ids=[5, 6, 7], max_tokens=3, min_tokens=3))
+        finals, deadline = 0, time.monotonic() + 60
+        while not finals:
+            assert time.monotonic() < deadline
+            finals += sum(step.is_final for step in executor.await_steps(1.0) if step.request_id == request_id)
+        assert seen and set(seen) == {1}, seen
+    finally:
+        executor.shutdown()
+        share.stop()
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 # -- across the boundary --------------------------------------------------------------------------------------------
 def test_greedy_tokens_and_logits_are_the_same_as_with_the_engine_on_a_thread(executor, prompt):
     torch.set_num_threads(2)

@@ -56,8 +56,11 @@ class FreeCoreThreads:
         self._stop.set()
 
     def attach(self, model: torch.nn.Module) -> None:
-        """Apply before every forward of `model`, on whichever thread runs it (intra-op threads are per thread)."""
-        model.register_forward_pre_hook(lambda *_: self.apply())
+        """Apply before every forward of `model`, on whichever thread runs it (intra-op threads are per thread). The
+        hook sits on the input embeddings, which transformers' forward and `fused_forward`'s (which never calls the
+        model's own forward) both call first."""
+        embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else model
+        embeddings.register_forward_pre_hook(lambda *_: self.apply())
 
     def apply(self) -> None:
         if self.threads != self._applied:
