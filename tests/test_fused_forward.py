@@ -17,6 +17,7 @@ from trtllm_model.embedded.block_manager import TRASH_BLOCK
 from trtllm_model.embedded.fused_forward import FusedForward
 from trtllm_model.embedded.kv_cache import StepInputs
 from trtllm_model.embedded.model_loading import load_model
+from trtllm_model.embedded.runner import ModelRunner
 from trtllm_model.executor_interface import GenerationRequest, Step
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
 from trtllm_model.params import ConfigError, Params
@@ -232,3 +233,34 @@ def test_a_prompt_forward_padded_to_its_bucket_gives_the_logits_and_writes_of_an
         assert any(tensor.abs().sum() > 0 for tensor in pool.keys)  # the forward did write
     finally:
         executor.shutdown()
+
+
+def test_a_prompts_first_chunk_attends_causally_and_gives_transformers_logits(loaded, monkeypatch):
+    """One row from position 0 (a prompt's first chunk, eager) is attended with SDPA's causal flag, not a mask: the
+    keys past its last query (the rest of its last block) stay out, and the chunk after it, at a prefix, still reads
+    what it wrote."""
+    text = "The quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill. " * 3
+    prompt = loaded.tokenizer.encode(text)[:45]  # 45 tokens: the third block part-filled
+    with torch.inference_mode():
+        expected = loaded.model(torch.tensor([prompt])).logits[0].float()
+        pool = ModelRunner(loaded.model).allocate_kv_pool(8, 16)
+        pool.zero_up_to(9)
+
+        def chunk(first_block: int, start: int, ids: list[int]) -> StepInputs:
+            tables = torch.arange(-(-(start + len(ids)) // 16))[None] + first_block
+            positions = torch.arange(start, start + len(ids))[None]
+            return StepInputs(torch.tensor([ids]), positions, tables[0, positions[0] // 16] * 16 + positions[0] % 16,
+                              tables)
+
+        fused, causal = FusedForward(loaded.model, compile=False), []
+        attention = torch.nn.functional.scaled_dot_product_attention
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                            lambda *args, **kwargs: causal.append(kwargs.get("is_causal", False)) or
+                            attention(*args, **kwargs))
+        whole = fused([chunk(1, 0, prompt)], pool)
+        first = fused([chunk(4, 0, prompt[:32])], pool)
+        rest = fused([chunk(4, 32, prompt[32:])], pool)
+    layers = len(loaded.model.model.layers)
+    assert causal == [True] * layers * 2 + [False] * layers
+    for logits, position in ((whole, 44), (first, 31), (rest, 44)):
+        assert (logits[0] - expected[position]).abs().max() < 1e-3

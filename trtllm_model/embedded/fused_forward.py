@@ -109,13 +109,15 @@ class FusedForward:
         cos, sin = (part.reshape(padded, -1) for part in self.rotary(hidden, positions))
         attending, ends, offset = [], [], 0
         for part, (part_rows, queries) in zip(parts, shapes):
-            # Additive, in the model's dtype, made once: SDPA would convert a boolean mask in every layer. With
-            # several queries a row's query heads go group by group (see `_attend`), so each group repeats the mask.
-            allowed = part.attention_mask(pool.block_size)
-            mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~allowed,
-                                                                                                     -torch.inf)
-            if queries > 1:
-                mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
+            mask = None  # a prompt's first chunk, one row, eager: causal (see `_attend`)
+            if self.pads or queries == 1 or part_rows > 1 or int(part.positions[0, 0]) != 0:
+                # Additive, in the model's dtype, made once: SDPA would convert a boolean mask in every layer. With
+                # several queries a row's query heads go group by group (see `_attend`): each group repeats the mask.
+                allowed = part.attention_mask(pool.block_size)
+                mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~allowed,
+                                                                                                         -torch.inf)
+                if queries > 1:
+                    mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
             attending.append((offset, part_rows * queries, part_rows, part.slot_mapping,
                               part.block_tables.reshape(-1), mask))
             ends.append(torch.arange(offset + queries - 1, offset + part_rows * queries, queries, device=hidden.device))
@@ -143,10 +145,12 @@ class FusedForward:
         return logits[:rows]
 
     def _attend(self, pool: KvBlockPool, index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                slots: torch.Tensor, flat_tables: torch.Tensor, mask: torch.Tensor, rows: int) -> torch.Tensor:
+                slots: torch.Tensor, flat_tables: torch.Tensor, mask: torch.Tensor | None, rows: int) -> torch.Tensor:
         """Write the tokens' keys and values, gather each row's blocks, attend: `[tokens, heads x head_dim]`. The
         query heads that share a key-value head go as that head's queries (as
-        `model_patches.grouped_decode_attention`), so SDPA reads each key and value once."""
+        `model_patches.grouped_decode_attention`), so SDPA reads each key and value once. No mask: one row whose
+        queries are positions 0.. (a prompt's first chunk), attended as causal, which the CPU's flash kernel does
+        without the upper triangle: 40 ms a layer against 67 with a mask for 2,048 tokens in bfloat16 here."""
         keys, values = pool.keys[index], pool.values[index]
         kv_heads, dim, group = self.kv_heads, self.head_dim, self.heads // self.kv_heads
         keys.view(-1, kv_heads, dim).index_copy_(0, slots, key)
@@ -155,6 +159,11 @@ class FusedForward:
         gathered_keys = keys.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
         gathered_values = values.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
         queries = query.shape[0] // rows
+        if mask is None:  # keys past the chunk (the last block's rest) come after every query: causal leaves them out
+            output = F.scaled_dot_product_attention(query.view(1, queries, self.heads, dim).transpose(1, 2),
+                                                    gathered_keys, gathered_values, is_causal=True, enable_gqa=True,
+                                                    scale=self.scaling)
+            return output.transpose(1, 2).reshape(queries, self.heads * dim)
         # [rows x queries, kv_heads x group, dim] -> [rows, kv_heads, group x queries, dim] (a view for one query)
         grouped = query.view(rows, queries, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(
             rows, kv_heads, group * queries, dim)
