@@ -34,7 +34,8 @@ class LoadedModel:
 def default_dtype(device: str) -> str:
     """bfloat16 on CUDA and on a CPU with bfloat16 dot products (AVX512-BF16 or AMX), else float32. On this project's
     2-core AMD EPYC (AVX512-BF16) a bfloat16 matmul ran 2.3x float32's and the engine's steps about 2x
-    (docs/performance.md, "bfloat16 on the CPU"); without those instructions bfloat16 is emulated and slower."""
+    (docs/performance.md, "The embedded engine on the CPU in bfloat16"); without those instructions bfloat16 is
+    emulated and slower."""
     if device != "cpu":
         return "bfloat16"
     native = getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None)
