@@ -27,7 +27,7 @@ import trtllm_model.embedded.sequence as sequence_module
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine import chat_prompts  # noqa: E402
-from trtllm_model.embedded.model_loading import load_model  # noqa: E402
+from trtllm_model.embedded.model_loading import default_dtype, load_model  # noqa: E402
 from trtllm_model.executor_interface import FinishReason, GenerationRequest  # noqa: E402
 from trtllm_model.executors.transformers_executor import TransformersExecutor  # noqa: E402
 
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(device=args.device, dtype="float32" if args.device == "cpu" else "bfloat16")
+    loaded = load_model(device=args.device, dtype=default_dtype(args.device))  # the executor's default
     executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=64, max_num_tokens=4096)
     try:
         # Warm-up (and the schema compiled once: a compile is per distinct guide, cached afterwards).
