@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import start_server
+from greedy_reference import generate_with_logits, parting
 from triton_client import StreamClient, token_inputs
 
 from trtllm_model.executor_interface import GenerationRequest
@@ -54,20 +55,6 @@ def cuda_server(tmp_path_factory, request):
     server.stop()
 
 
-def _reference(model, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
-    ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=MAX_TOKENS,
-        min_new_tokens=MAX_TOKENS,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences[0, len(prompt) :].tolist(), [step[0].float() for step in out.logits]
-
-
 def test_greedy_batch_through_triton_equals_generate_on_the_same_gpu(cuda_server):
     from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import load_model
@@ -92,14 +79,13 @@ def test_greedy_batch_through_triton_equals_generate_on_the_same_gpu(cuda_server
         for question, prompt, result in zip(QUESTIONS, prompts, results):
             assert result.errors == [] and result.finals == 1
             served = result.tokens()
-            expected, logits = _reference(loaded.model, prompt)
+            expected, logits = generate_with_logits(loaded.model, prompt, MAX_TOKENS)
             assert len(served) == MAX_TOKENS
-            if served == expected:
+            parted = parting(served, expected, logits)
+            if parted is None:
                 exact += 1
                 continue
-            position = next(i for i, (a, b) in enumerate(zip(served, expected)) if a != b)
-            row = logits[position]
-            margin = float(row[expected[position]] - row[served[position]])
+            position, margin = parted
             near_ties.append((question, position, margin))
             assert margin <= near_tie, (
                 f"{question!r}: token {position} is {served[position]} through Triton, {expected[position]} from "

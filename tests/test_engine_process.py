@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from engine_helpers import run_all
 
 from trtllm_model.embedded.cpu_share import FreeCoreThreads, busy_jiffies, threads_for
 from trtllm_model.executor_interface import (
@@ -162,11 +163,8 @@ def test_beside_busy_cores_the_engines_fused_forwards_run_on_one_thread():
             seen.append(torch.get_num_threads())  # on the engine's thread, as the forward left it
             return logits
         executor.runner.fused_forward = recording
-        request_id = executor.enqueue(GenerationRequest(input_ids=[5, 6, 7], max_tokens=3, min_tokens=3))
-        finals, deadline = 0, time.monotonic() + 60
-        while not finals:
-            assert time.monotonic() < deadline
-            finals += sum(step.is_final for step in executor.await_steps(1.0) if step.request_id == request_id)
+        (steps,) = run_all(executor, [GenerationRequest(input_ids=[5, 6, 7], max_tokens=3, min_tokens=3)], 60)
+        assert steps[-1].error is None
         assert seen and set(seen) == {1}, seen
     finally:
         executor.shutdown()

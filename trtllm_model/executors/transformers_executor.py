@@ -105,8 +105,9 @@ PARAMETERS = frozenset(
 
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_NUM_TOKENS = 2048
-# prefill_stall_factor on CPU: a step with a prompt chunk about 2.5x a decode-only step, so the streams' worst gap
-# stays near 3x (3.4-3.8x through the server, docs/performance.md); with the chunk in the decode step's forward a long
+# prefill_stall_factor on CPU: a step with a prompt chunk about 2.5x a decode-only step, aiming the streams' worst gap
+# at 3x (measured through the server: 3.4-3.8x in float32 on 2026-12-04, 3.5-6.5x in bfloat16 on 2026-12-05, the
+# spread of single steps on 2 shared cores; docs/performance.md); with the chunk in the decode step's forward a long
 # prompt starts about as soon as at factor 4 with a forward of its own.
 DEFAULT_CPU_STALL_FACTOR = 2.5
 
