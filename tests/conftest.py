@@ -14,6 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run in Triton's interpreter (tests/test_paged_attention.py). It must be on before
+# anything imports Triton, and never on a GPU host, where the CUDA tests run the compiled kernels.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from trtllm_model.server import ADMIN_KEY_ENV, DEFAULT_REPOSITORY, admin_headers, free_ports, is_ready
 

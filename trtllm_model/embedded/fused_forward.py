@@ -41,6 +41,19 @@ class _LayerWeights:
     down: torch.Tensor
 
 
+@dataclass(frozen=True, slots=True)
+class _PartAttention:
+    """How one part of a forward attends: its tokens `[start, start + count)` in `rows` rows."""
+
+    start: int
+    count: int
+    rows: int
+    slots: torch.Tensor  # where each token's key and value go
+    tables: torch.Tensor  # [rows, width]
+    mask: torch.Tensor | None  # additive; None and no `positions`: causal (one row from position 0)
+    positions: torch.Tensor | None  # [rows], decode rows for the paged kernel (which needs no mask)
+
+
 def supports(model: torch.nn.Module) -> bool:
     """A LlamaForCausalLM with bias-free projections, SiLU MLPs and one weight per projection."""
     config = model.config
@@ -71,6 +84,9 @@ class FusedForward:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scaling = body.layers[0].self_attn.scaling
+        # Decode rows' attention as one kernel a layer (CUDA, where Triton runs it); else gathered blocks and SDPA.
+        self.decode_attention: Callable | None = _paged_decode_attention(self.embed.weight.device, self.heads,
+                                                                         self.kv_heads, self.head_dim)
         with torch.no_grad():
             self.layers = [
                 _LayerWeights(
@@ -109,8 +125,10 @@ class FusedForward:
         cos, sin = (part.reshape(padded, -1) for part in self.rotary(hidden, positions))
         attending, ends, offset = [], [], 0
         for part, (part_rows, queries) in zip(parts, shapes):
-            mask = None  # a prompt's first chunk, one row, eager: causal (see `_attend`)
-            if self.pads or queries == 1 or part_rows > 1 or int(part.positions[0, 0]) != 0:
+            mask = positions = None  # neither: a prompt's first chunk, one row, eager: causal (see `_attend`)
+            if queries == 1 and self.decode_attention is not None:
+                positions = part.positions.reshape(-1)  # the paged kernel's bound for each row: no mask
+            elif self.pads or queries == 1 or part_rows > 1 or int(part.positions[0, 0]) != 0:
                 # Additive, in the model's dtype, made once: SDPA would convert a boolean mask in every layer. With
                 # several queries a row's query heads go group by group (see `_attend`): each group repeats the mask.
                 allowed = part.attention_mask(pool.block_size)
@@ -118,8 +136,8 @@ class FusedForward:
                                                                                                          -torch.inf)
                 if queries > 1:
                     mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
-            attending.append((offset, part_rows * queries, part_rows, part.slot_mapping,
-                              part.block_tables.reshape(-1), mask))
+            attending.append(_PartAttention(offset, part_rows * queries, part_rows, part.slot_mapping,
+                                            part.block_tables, mask, positions))
             ends.append(torch.arange(offset + queries - 1, offset + part_rows * queries, queries, device=hidden.device))
             offset += part_rows * queries
         ends = _joined(ends)  # each row's last token; the head's padding rows read the last row's again
@@ -128,9 +146,10 @@ class FusedForward:
 
         def attend(index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
             attention = _joined([
-                self._attend(pool, index, query[start : start + count], key[start : start + count],
-                             value[start : start + count], slots, flat_tables, mask, part_rows)
-                for start, count, part_rows, slots, flat_tables, mask in attending])
+                self._attend(pool, index, query[part.start : part.start + part.count],
+                             key[part.start : part.start + part.count], value[part.start : part.start + part.count],
+                             part)
+                for part in attending])
             return F.pad(attention, (0, 0, 0, padded - tokens)) if padded > tokens else attention
 
         first, last = self.layers[0], len(self.layers) - 1
@@ -145,17 +164,23 @@ class FusedForward:
         return logits[:rows]
 
     def _attend(self, pool: KvBlockPool, index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                slots: torch.Tensor, flat_tables: torch.Tensor, mask: torch.Tensor | None, rows: int) -> torch.Tensor:
-        """Write the tokens' keys and values, gather each row's blocks, attend: `[tokens, heads x head_dim]`. The
-        query heads that share a key-value head go as that head's queries (as
-        `model_patches.grouped_decode_attention`), so SDPA reads each key and value once. No mask: one row whose
-        queries are positions 0.. (a prompt's first chunk), attended as causal, which the CPU's flash kernel does
-        without the upper triangle: 40 ms a layer against 67 with a mask for 2,048 tokens in bfloat16 here."""
+                part: _PartAttention) -> torch.Tensor:
+        """Write the tokens' keys and values, then attend: `[tokens, heads x head_dim]`. Decode rows on CUDA go
+        through the paged kernel (`paged_attention`), which reads each row's blocks in the pool. Otherwise each
+        row's blocks are gathered and SDPA attends, the query heads that share a key-value head going as that head's
+        queries (as `model_patches.grouped_decode_attention`), so SDPA reads each key and value once. No mask: one
+        row whose queries are positions 0.. (a prompt's first chunk), attended as causal, which the CPU's flash
+        kernel does without the upper triangle: 40 ms a layer against 67 with a mask for 2,048 tokens in bfloat16
+        here."""
         keys, values = pool.keys[index], pool.values[index]
         kv_heads, dim, group = self.kv_heads, self.head_dim, self.heads // self.kv_heads
-        keys.view(-1, kv_heads, dim).index_copy_(0, slots, key)
-        values.view(-1, kv_heads, dim).index_copy_(0, slots, value)
-        width = flat_tables.shape[0] // rows * keys.shape[1]
+        rows, mask = part.rows, part.mask
+        keys.view(-1, kv_heads, dim).index_copy_(0, part.slots, key)
+        values.view(-1, kv_heads, dim).index_copy_(0, part.slots, value)
+        if part.positions is not None:
+            return self.decode_attention(query, keys, values, part.tables, part.positions, self.scaling)
+        flat_tables = part.tables.reshape(-1)
+        width = part.tables.shape[1] * keys.shape[1]
         gathered_keys = keys.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
         gathered_values = values.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
         queries = query.shape[0] // rows
@@ -198,6 +223,17 @@ class FusedForward:
                      last) -> torch.Tensor:
         hidden = self._layer_output(hidden, attention, output, post_norm, gate_up, down)[last]
         return F.linear(F.rms_norm(hidden, hidden.shape[-1:], final_norm, self.eps), lm_head).float()
+
+
+def _paged_decode_attention(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> Callable | None:
+    """`paged_attention.decode_attention` on CUDA for the heads it takes, if Triton imports; else None."""
+    if device.type != "cuda":
+        return None
+    try:
+        from . import paged_attention
+    except ImportError:
+        return None
+    return paged_attention.decode_attention if paged_attention.supports(heads, kv_heads, head_dim) else None
 
 
 def padded_count(count: int) -> int:
