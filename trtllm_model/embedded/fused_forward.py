@@ -6,7 +6,8 @@ H200, `bench/step_profile.py`): separate q, k and v projections, six for each ro
 every attention, unfused residual adds. At small batches a step costs what its kernels' launches and tails cost, not
 what they compute; and a prompt's eager forward costs the host as many launches. Here a layer is:
 
-- the paged attention, eager: write the tokens' keys and values to their slots, gather each row's blocks, SDPA;
+- the paged attention, eager: write the tokens' keys and values to their slots, then for decode rows on CUDA one
+  Triton kernel that reads each row's blocks in the pool (`paged_attention`), else gather each row's blocks and SDPA;
 - everything from one attention's output to the next attention's query, key and value, as one `torch.compile`d
   function (inductor): output projection, residual add and RMSNorm fused, gate and up in one GEMM, SiLU and product
   fused, down projection, the next layer's add and norm fused, one qkv GEMM, the rotary embedding fused.
