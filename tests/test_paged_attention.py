@@ -1,7 +1,8 @@
 """The paged decode-attention kernel (embedded/paged_attention.py, issue 33 item 2), run here by Triton's interpreter
 on CPU tensors: each row attends over its own blocks up to its position, as a float64 softmax over the gathered keys
 says, whatever the blocks' order in the pool, the table's padding or the tiles a context spans; and a fused decode
-forward that uses it gives the tokens and log probs of transformers' own forward, bucketed like the CUDA graphs."""
+forward that uses it gives the tokens and log probs of transformers' own forward, bucketed like the CUDA graphs; and a
+decode bucket read in place is not refused a CUDA graph for gathered copies it does not make."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from test_fused_forward import assert_same_answers, run_with, tiny_llama
 
 from trtllm_model.embedded.block_manager import TRASH_BLOCK
 from trtllm_model.embedded.fused_forward import FusedForward
+from trtllm_model.embedded.runner import ModelRunner
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # tests/conftest.py, without a GPU
 DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -102,3 +104,17 @@ def test_fused_decode_steps_through_the_kernel_give_the_tokens_and_log_probs_of_
     assert_same_answers(got, expected, 1e-4)
     assert all(queries == 1 for shapes in calls for _, queries in shapes)
     assert len(kernel_calls) == 2 * len(calls)  # every layer of every forward
+
+
+def test_a_decode_bucket_read_in_place_needs_no_room_for_gathered_copies(monkeypatch):
+    """A CUDA graph's bucket is captured only if its forward fits beside the pool; the kernel gathers no copies, so a
+    wide bucket that would not fit with them does (GPU memory faked: 600 MB free)."""
+    runner = ModelRunner(tiny_llama(2))
+    runner.allocate_kv_pool(64, 16)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (600 << 20, 1 << 40))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    # 256 rows x 512 blocks: 268 MB of gathered keys and values in float32, counted twice.
+    assert not runner._fits_beside_pool(256, 512)
+    runner.fused_forward.decode_attention = lambda *args: None  # as on CUDA
+    assert runner._fits_beside_pool(256, 512)

@@ -302,8 +302,11 @@ class ModelRunner:
 
     def _fits_beside_pool(self, rows: int, width: int) -> bool:
         """Whether a decode forward of this bucket fits in the GPU memory free now (an estimate of its peak: the
-        gathered keys and values, twice, the logits in both dtypes, the layer activations), with a margin."""
-        gathered = 2 * rows * width * self.pool.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        gathered keys and values, twice, unless the paged kernel reads them in the pool; the logits in both dtypes,
+        the layer activations), with a margin."""
+        in_place = self.fused_forward is not None and self.fused_forward.decode_attention is not None
+        gathered = 0 if in_place else (
+            2 * rows * width * self.pool.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize)
         config = self.model.config
         activations = rows * (config.hidden_size + 2 * getattr(config, "intermediate_size", 0)) * 4 * 4
         need = 2 * gathered + rows * self.vocab_size * (self.dtype.itemsize + 8) + activations
