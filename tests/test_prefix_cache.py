@@ -109,9 +109,9 @@ def test_a_prefill_that_fails_part_way_leaves_nothing_another_request_reads(reus
     if reusing.runner.fused_forward is not None:  # the CPU's default: each layer's attention writes its keys
         attend = FusedForward._attend
 
-        def failing_attend(self, pool, index, query, *args):
-            result = attend(self, pool, index, query, *args)
-            fail_half_way(index, query.shape[0] // args[-1])  # args[-1]: the part's rows
+        def failing_attend(self, pool, index, query, key, value, part):
+            result = attend(self, pool, index, query, key, value, part)
+            fail_half_way(index, query.shape[0] // part.rows)
             return result
 
         monkeypatch.setattr(FusedForward, "_attend", failing_attend)
