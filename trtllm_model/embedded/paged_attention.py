@@ -5,9 +5,10 @@ The eager path (`fused_forward.FusedForward._attend`) gathers every row's blocks
 block_size, dim]` copies padded to the widest table, then runs SDPA with a mask: per layer two gathers written and
 read again, and every row reading the widest row's keys. Here a program takes one row and one key-value head (the
 query heads that share it, padded to 16 for `tl.dot`), walks the row's keys a tile at a time through its block
-table and keeps an online softmax (flash-decoding without the split: a decode row's context is short next to the
-rows a step holds). The loop's bound is read from `positions` on the device, so a CUDA graph replays it for any
-context up to its bucket's width.
+table and keeps an online softmax. A row's keys are not split over several programs (flash-decoding's split): a
+step's rows already make many programs, and chat contexts are short; a single stream with a long context would gain
+from the split. The loop's bound is read from `positions` on the device, so a CUDA graph replays it for any context
+up to its bucket's width. Measured on an H200: docs/performance.md ("decode attention as one kernel a layer").
 """
 
 from __future__ import annotations
