@@ -70,7 +70,6 @@ def forwards(dtype: str) -> None:
     model = load_model(dtype=dtype).model
     runner = ModelRunner(model, fused_forwards=False)
     pool = runner.allocate_kv_pool(600, BLOCK_SIZE)
-    pool.zero_up_to(601)
     fused = FusedForward(model, compile=False)
     decode = decode_inputs(16, 100)
     def fused_parts(*parts: StepInputs) -> torch.Tensor:

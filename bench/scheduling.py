@@ -193,16 +193,19 @@ async def long_prompt(port: int, streams_n: int, stream_tokens: int, prompt_len:
     await asyncio.sleep(1.0)
     await _cancel([*tasks, long_task])
     start, end = long.sent, gave_up or long.first or time.monotonic()
-    ratios, all_during = [], []
+    ratios, all_during, worst = [], [], None
     for stream in running:
-        gaps = [(a, b) for a, b in zip(stream.arrivals, stream.arrivals[1:])]
-        before = [b - a for a, b in gaps if start - baseline_s <= a and b <= start]
-        during = [b - a for a, b in gaps if b > start and a < end]
+        gaps = [(a, b) for a, b in zip(stream.arrivals, stream.arrivals[1:]) if b > start and a < end]
+        before = [b - a for a, b in zip(stream.arrivals, stream.arrivals[1:]) if start - baseline_s <= a and b <= start]
         if stream.arrivals and stream.arrivals[-1] < end:  # still waiting at the end (then cancelled): a gap too
-            during.append(end - stream.arrivals[-1])
+            gaps.append((stream.arrivals[-1], end))
+        during = [b - a for a, b in gaps]
         if before and during:
             ratios.append((statistics.median(before), max(during)))
             all_during += during
+            longest = max(gaps, key=lambda gap: gap[1] - gap[0])
+            if worst is None or longest[1] - longest[0] > worst[1] - worst[0]:
+                worst = longest
     return {
         "streams": streams_n,
         "errors": [s.error for s in [*running, long] if s.error],
@@ -218,6 +221,8 @@ async def long_prompt(port: int, streams_n: int, stream_tokens: int, prompt_len:
         "median_gap_ratio": statistics.median(g / m for m, g in ratios) if ratios else None,
         "streams_over_3x": sum(1 for m, g in ratios if g > 3 * m),
         "streams_with_gaps": len(ratios),
+        # Where the worst gap lay, in seconds from the long prompt's send (its first token: long_ttft_s).
+        "worst_gap_from_to_s": [worst[0] - start, worst[1] - start] if worst else None,
     }
 
 

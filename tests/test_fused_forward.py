@@ -244,7 +244,6 @@ def test_a_prompts_first_chunk_attends_causally_and_gives_transformers_logits(lo
     with torch.inference_mode():
         expected = loaded.model(torch.tensor([prompt])).logits[0].float()
         pool = ModelRunner(loaded.model).allocate_kv_pool(8, 16)
-        pool.zero_up_to(9)
 
         def chunk(first_block: int, start: int, ids: list[int]) -> StepInputs:
             tables = torch.arange(-(-(start + len(ids)) // 16))[None] + first_block

@@ -3,6 +3,8 @@ position order, and the mask hides every key past a query's position (other rows
 
 from __future__ import annotations
 
+import psutil
+import pytest
 import torch
 
 from trtllm_model.embedded.block_manager import TRASH_BLOCK
@@ -12,10 +14,8 @@ BLOCK = 4
 
 
 def pool(num_blocks: int = 8) -> KvBlockPool:
-    made = KvBlockPool(num_layers=2, num_blocks=num_blocks, block_size=BLOCK, num_kv_heads=1, head_dim=2,
+    return KvBlockPool(num_layers=2, num_blocks=num_blocks, block_size=BLOCK, num_kv_heads=1, head_dim=2,
                        dtype=torch.float32, device=torch.device("cpu"))
-    made.zero_up_to(num_blocks)
-    return made
 
 
 def step(rows: list[tuple[list[int], int, int]], width: int) -> tuple[StepInputs, torch.Tensor]:
@@ -89,13 +89,19 @@ def test_a_shared_block_is_read_by_both_rows_and_written_by_neither():
     assert gathered[0, 4:6].tolist() == [104, 105] and gathered[1, 4].item() == 204
 
 
-def test_blocks_are_zeroed_when_first_handed_out_on_cpu():
-    kv = KvBlockPool(num_layers=1, num_blocks=4, block_size=BLOCK, num_kv_heads=1, head_dim=2,
-                     dtype=torch.float32, device=torch.device("cpu"))
-    for tensor in (kv.keys[0], kv.values[0]):
-        tensor.fill_(float("nan"))
-    kv.zero_up_to(2)
-    assert kv.keys[0][:2].eq(0).all() and kv.values[0][:2].eq(0).all() and kv.keys[0][2:].isnan().all()
-    kv.keys[0][1].fill_(5.0)
-    kv.zero_up_to(2)  # already handed out: what is written stays
-    assert kv.keys[0][1].eq(5.0).all()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_pool_is_zeros_whose_memory_follows_what_is_written(dtype):
+    """Zeros (a masked key's zero weight times NaN would be NaN), each layer's keys and values a tensor of their own,
+    and a 768 MB pool takes memory only where it is written (the OS maps calloc'd pages on first touch)."""
+    process = psutil.Process()
+    before = process.memory_info().rss
+    kv = KvBlockPool(num_layers=32, num_blocks=2048, block_size=16, num_kv_heads=3, head_dim=64,
+                     dtype=dtype, device=torch.device("cpu"))
+    assert kv.nbytes() == 2 * 32 * 2048 * 16 * 3 * 64 * dtype.itemsize >= 768 << 20
+    kv.keys[5][7].fill_(1.0)
+    kv.values[31][2047].fill_(2.0)
+    assert process.memory_info().rss - before < 64 << 20
+    assert all(tensor.shape == (2048, 16, 3, 64) and tensor.dtype == dtype and tensor.is_contiguous()
+               for tensor in (*kv.keys, *kv.values))
+    assert kv.keys[5][7].eq(1.0).all() and kv.keys[5][[6, 8]].eq(0).all() and kv.keys[4][7].eq(0).all()
+    assert kv.values[31][2047].eq(2.0).all() and kv.keys[31][2047].eq(0).all() and kv.values[0][0].eq(0).all()

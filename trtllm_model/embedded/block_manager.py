@@ -76,11 +76,10 @@ class BlockManager:
         self.enable_reuse = enable_reuse
         self.blocks = [Block(i) for i in range(num_blocks + 1)]  # + the trash block
         # Blank free blocks, a stack: the most recently freed is used first, and never-used ones in id order, so
-        # memory pages are touched only as the load needs them (`high_water` says how far).
+        # memory pages are touched only as the load needs them (`kv_cache.KvBlockPool` on the CPU).
         self._blank: list[int] = list(range(num_blocks, TRASH_BLOCK, -1))
         self._cached_free: OrderedDict[int, None] = OrderedDict()  # free blocks with a key, least recent first
         self._by_key: dict[bytes, int] = {}
-        self.high_water = 1  # blocks [0, high_water) have been handed out at least once
         # Totals since start (TensorRT-LLM's KvCacheStats counts the same way).
         self.total_reused = 0
         self.total_missed = 0
@@ -208,6 +207,5 @@ class BlockManager:
         block = self.blocks[block_id]
         block.ref_count = 1
         block.allocation += 1
-        self.high_water = max(self.high_water, block_id + 1)
         table.block_ids.append(block_id)
         table.new_blocks += 1

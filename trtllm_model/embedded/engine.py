@@ -256,7 +256,6 @@ class Engine:
         lap = self._lap("schedule", lap)
         logits, done = None, []
         if decoding or joining:
-            self.runner.pool.zero_up_to(self.blocks.high_water)
             logits, prefilled = self._decode(decoding, joining)
             if not prefilled:  # none, or their forward failed: they are prefilled apart below
                 admitted = [*joining, *admitted]
@@ -479,7 +478,6 @@ class Engine:
     def _prompt_forwards(self, groups: list[list[Sequence]]) -> tuple[list[Sequence], torch.Tensor | None]:
         """The groups' chunks prefilled into their own new blocks: (the prompts now complete, the logits of their last
         tokens), None without any. Nothing waits for the device: every group's forward is queued back to back."""
-        self.runner.pool.zero_up_to(self.blocks.high_water)
         done, logits = [], []
         for group in groups:
             for prefilled, group_logits in self._prefill_forwards(group):
