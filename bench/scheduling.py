@@ -195,8 +195,9 @@ async def long_prompt(port: int, streams_n: int, stream_tokens: int, prompt_len:
     start, end = long.sent, gave_up or long.first or time.monotonic()
     ratios, all_during, worst = [], [], None
     for stream in running:
-        gaps = [(a, b) for a, b in zip(stream.arrivals, stream.arrivals[1:]) if b > start and a < end]
-        before = [b - a for a, b in zip(stream.arrivals, stream.arrivals[1:]) if start - baseline_s <= a and b <= start]
+        pairs = list(zip(stream.arrivals, stream.arrivals[1:]))
+        gaps = [(a, b) for a, b in pairs if b > start and a < end]
+        before = [b - a for a, b in pairs if start - baseline_s <= a and b <= start]
         if stream.arrivals and stream.arrivals[-1] < end:  # still waiting at the end (then cancelled): a gap too
             gaps.append((stream.arrivals[-1], end))
         during = [b - a for a, b in gaps]

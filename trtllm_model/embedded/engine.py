@@ -308,23 +308,31 @@ class Engine:
         """Whether the next step may launch before the in-flight step's tokens are read: every running sequence's
         sampling can do without its last token on the host, and the pool grows each by one block if it must without
         preempting anyone (a preempted sequence's token on the device would be lost, and with it a seeded draw)."""
-        if not all(sequence.overlappable for sequence in self.running):
-            return False
-        blocks = self.blocks
-        needed = sum(max(0, blocks.blocks_for(sequence.num_tokens) - len(sequence.blocks.block_ids))
-                     for sequence in self.running)
-        return needed <= blocks.free_blocks
+        block_size, needed = self.blocks.block_size, 0
+        for sequence in self.running:  # one pass, plain arithmetic: every step asks it of every row
+            if not sequence.overlappable:
+                return False
+            beyond = sequence.num_tokens - len(sequence.blocks.block_ids) * block_size  # tokens without a slot
+            if beyond > 0:
+                needed += -(-beyond // block_size)
+        return needed <= self.blocks.free_blocks
 
     def _launch_sampling(self, rows: list[Sequence], decoding: int, logits: torch.Tensor) -> StepInFlight | None:
         """Sample the rows on the device and start the tokens' copy to the host, without waiting for either; None
         when a row's sampling needs the host (guides, penalties, logits to return) or the launch failed: the step
         is then sampled as a plain one."""
-        if not all(sequence.overlappable for sequence in rows):
-            return None
+        # One pass over the rows (every step makes it): the end ids of rows short of min_tokens, banned first (the only
+        # ban a row sampled here can need), and whether every row is a plain argmax.
+        banned, plain = [], True
+        for row, sequence in enumerate(rows):
+            if not sequence.overlappable:
+                return None
+            if sequence.bans_end_id():
+                banned.append((row, sequence.end_id))
+            plain = plain and sequence.sampling.greedy and not sequence.sampling.log_probs
         try:
-            # The end ids of rows short of min_tokens, banned first (the only ban a row sampled here can need).
-            ban_tokens(logits, [(row, sequence.end_id) for row, sequence in enumerate(rows) if sequence.bans_end_id()])
-            if all(sequence.sampling.greedy and not sequence.sampling.log_probs for sequence in rows):
+            ban_tokens(logits, banned)
+            if plain:
                 # The usual step: an argmax, without per-row states (building them took about a tenth of the engine
                 # thread's time, host-only, 256 streams).
                 tokens = logits.argmax(-1)
@@ -508,7 +516,8 @@ class Engine:
     def _computed(self, sequence: Sequence, tokens: int) -> None:
         """The keys and values of the sequence's first `tokens` tokens are written: its full blocks become shareable."""
         sequence.num_computed = tokens
-        self.blocks.register_full_blocks(sequence.blocks, sequence.token_ids, tokens)
+        if (sequence.blocks.hashed_blocks + 1) * self.blocks.block_size <= tokens:  # else no block filled up
+            self.blocks.register_full_blocks(sequence.blocks, sequence.token_ids, tokens)
 
     def _release(self, sequence: Sequence) -> None:
         if sequence.blocks is not None:
@@ -550,12 +559,13 @@ class Engine:
                           "every token")
             step.client_error = True
             return step
-        first = sequence.num_output == 0  # not a resumed sequence's prefill
+        # A prompt's first token, not a resumed sequence's prefill: its context logits go with it, if asked for.
+        context_logits = prefill and sequence.want_context_logits and sequence.num_output == 0
         step = sequence.accept(token, log_prob, self.runner.max_positions)
         # Logits only for requests that asked (NVIDIA's return_*_logits): the copies cost a vocabulary each.
         if sequence.want_generation_logits and step.token_ids:
             step.generation_logits = logits.float().cpu().numpy()[None, None]  # [beams, tokens, vocab]
-        if prefill and first and sequence.want_context_logits:
+        if context_logits:
             step.context_logits = self.runner.prompt_logits(sequence.token_ids[: sequence.prompt_len])
         return step
 

@@ -58,8 +58,7 @@ class KvBlockPool:
 
 def _calloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zero CPU tensor whose pages are untouched (torch.zeros writes every page at once)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(math.prod(shape) * itemsize, dtype=np.uint8)).view(dtype).view(shape)
+    return torch.from_numpy(np.zeros(math.prod(shape) * dtype.itemsize, dtype=np.uint8)).view(dtype).view(shape)
 
 
 @dataclass(slots=True)

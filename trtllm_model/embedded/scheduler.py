@@ -48,8 +48,12 @@ class Scheduler:
         out of blocks the newest sequences are preempted: partial prefills first, then running ones from the end."""
         decoding: list[Sequence] = []
         pending = deque(running)
+        block_size = self.blocks.block_size
         while pending:
             sequence = pending.popleft()
+            if sequence.num_tokens <= len(sequence.blocks.block_ids) * block_size:  # the usual step: it has room
+                decoding.append(sequence)
+                continue
             while not self.blocks.grow(sequence.blocks, sequence.num_tokens):
                 victim = self.prefilling.pop() if self.prefilling else pending.pop() if pending else sequence
                 self._preempt(victim)

@@ -106,13 +106,15 @@ class Sequence:
     def bans_end_id(self) -> bool:
         """Whether its next token may not be its end id: an unguided sequence short of min_tokens, counting the
         tokens sampled on the device that the host has not read yet (a guide decides where a guided one may end)."""
-        return (self.end_id is not None and self.guide is None
+        return (self.sampling.min_tokens > 0 and self.end_id is not None and self.guide is None
                 and len(self.token_ids) + self.pending - self.prompt_len < self.sampling.min_tokens)
 
     def ends_once_read(self, max_positions: int) -> bool:
         """Whether the tokens on the device already end it by length (so the next step need not feed it)."""
-        return bool(self.pending) and (self.num_output + self.pending >= self.max_tokens
-                                       or self.num_tokens >= max_positions)
+        if not self.pending:
+            return False
+        tokens = len(self.token_ids) + self.pending  # every step asks this of every row: no properties here
+        return tokens - self.prompt_len >= self.max_tokens or tokens >= max_positions
 
     @property
     def is_finished(self) -> bool:
