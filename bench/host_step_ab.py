@@ -1,7 +1,7 @@
 """The engine thread's host work per decode step at 256 streams, this checkout against another, on this machine.
 
     git worktree add /tmp/old <commit>
-    .venv/bin/python bench/host_step_ab.py --old /tmp/old              # 6 pairs of 6 rounds, about 3 minutes
+    .venv/bin/python bench/host_step_ab.py --old /tmp/old              # 6 pairs of 6 rounds, about 2 minutes
 
 Each run is `bench/gpu/iteration_timeline.py tiny 256 ROUNDS fake` from that tree: the forward computes nothing, so
 an iteration is the engine's own Python and torch calls (scheduling, inputs, sampling's launch, accepting tokens),

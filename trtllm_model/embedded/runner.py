@@ -202,8 +202,8 @@ class ModelRunner:
         tokens, without the host reading it."""
         block_size = self.pool.block_size
         decoding = len(sequences)
-        # Each decoding row feeds its last token, at position num_tokens - 1. Every step walks every row here: each
-        # row's fields are read once (py-spy, host-only at 256 rows: about a quarter of the engine thread).
+        # Each decoding row feeds its last token, at position num_tokens - 1. Every step walks every row here, so each
+        # row's fields are read once (host-only at 256 rows: about 0.13 ms a step, a tenth of the engine thread's).
         block_lists = [sequence.blocks.block_ids for sequence in sequences]
         lengths = np.fromiter(map(len, block_lists), np.int64, decoding)
         spans = [(s.num_computed, s.prefill_end) for s in prefills]
