@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine import chat_prompts, run_executor  # noqa: E402
+from host_only import make_host_only  # noqa: E402
 from step_profile import tiny_model  # noqa: E402
 
 from trtllm_model.embedded import runner as runner_module  # noqa: E402
@@ -37,15 +38,6 @@ from trtllm_model.executors.transformers_executor import TransformersExecutor  #
 
 Record = tuple[float, dict[str, float], float]  # (iteration seconds, seconds per phase, engine thread CPU seconds)
 Forward = tuple[int, int, int, float]  # a prompt forward: (iteration, rows, queries, host ms from call to return)
-
-
-def zero_logits_forward(self, *parts):
-    """A forward that computes nothing: `[rows, 64]` zeros (argmax 0)."""
-    rows = sum(inputs.input_ids.shape[0] for inputs in parts)
-    zeros = getattr(self, "_zeros", None)
-    if zeros is None or zeros.shape[0] < rows:
-        zeros = self._zeros = torch.zeros(max(rows, 512), 64, device=self.device)
-    return zeros[:rows]
 
 
 def recording(records: list[Record]):
@@ -113,7 +105,7 @@ def main() -> None:
     torch.set_num_threads(4)
     fake = len(sys.argv) > 4 and sys.argv[4] == "fake"
     if fake:
-        runner_module.ModelRunner._forward = zero_logits_forward
+        make_host_only()
     records: list[Record] = []
     forwards: list[Forward] = []
     Engine._next_iteration = recording(records)
@@ -135,8 +127,6 @@ def main() -> None:
         # getattr: the script also runs over trees from before prefill_forward_cost_tokens (A/B runs).
         print(f"a prompt forward counted as {getattr(executor.runner, 'prefill_forward_cost_tokens', '-')} tokens",
               flush=True)
-        if fake:
-            executor.runner.static_shapes = True  # as on CUDA (no graphs to capture on the CPU)
         run_executor(executor, prompts, 64, level)
         print(f"engine up and first round in {time.perf_counter() - started:.1f} s; prompt buckets captured: "
               f"{len(getattr(executor.runner, 'prefill_buckets', ()))}", flush=True)
