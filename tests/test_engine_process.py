@@ -29,6 +29,7 @@ from trtllm_model.executor_interface import (
     RequestRejected,
     Step,
 )
+from trtllm_model.executors import engine_client
 from trtllm_model.executors.engine_client import EngineProcess
 from trtllm_model.executors.engine_wire import Progress, decode, encode, pack_steps, unpack_steps
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
@@ -88,16 +89,19 @@ def test_a_steps_message_round_trips_with_logits_as_out_of_band_frames():
     assert got == steps
 
 
-def test_a_step_batch_is_a_few_flat_arrays_whatever_the_number_of_requests():
-    """256 decoding requests: one array per column, the rare fields (one error) in the side list; every field
+def test_a_step_batch_is_a_few_columns_whatever_the_number_of_requests():
+    """256 decoding requests: one list per column, the rare fields (one error) in the side list; every field
     comes back, log probs only where they were sent."""
     steps = [Step(i, [i % 7, i], log_probs=[-0.5, -float(i)] if i % 2 else None, cum_log_prob=-float(i) if i % 2
                   else None) for i in range(256)]
     steps[100] = Step(100, is_final=True, finish_reason=FinishReason.ERROR, error="request failed: no")
     packed = pack_steps(steps)
-    assert packed.token_ids.tolist() == [token for step in steps for token in step.token_ids]
-    assert packed.request_ids.shape == (256,) and [index for index, _ in packed.extras] == [100]
+    assert packed.token_ids == [step.token_ids for step in steps] and packed.request_ids == list(range(256))
+    assert [index for index, _ in packed.extras] == [100]
     assert unpack_steps(decode(encode(("steps", packed)))[1]) == steps
+    plain = [Step(i, [i]) for i in range(3)]
+    assert pack_steps(plain).log_probs is None and pack_steps(plain).cum_log_probs is None
+    assert unpack_steps(decode(encode(("steps", pack_steps(plain))))[1]) == plain
     assert unpack_steps(pack_steps([])) == []
 
 
@@ -279,6 +283,40 @@ def test_a_killed_worker_fails_await_and_enqueue_and_reports_why():
     finally:
         executor.shutdown()
         executor.shutdown()  # idempotent
+
+
+def test_an_engine_failure_in_the_worker_ends_the_stream_at_once_with_its_reason(tmp_path, monkeypatch):
+    """The engine's own fault (here every decode forward raises) stops it inside the worker; the stub learns it with
+    the engine's reason as soon as it happens, not after a heartbeat timeout, and refuses new requests."""
+    (tmp_path / "failing_decode_worker.py").write_text(textwrap.dedent("""
+        from trtllm_model.embedded.runner import ModelRunner
+        from trtllm_model.executors import engine_worker
+
+        def decode(self, *args, **kwargs):
+            raise RuntimeError("device lost")
+
+        def main(argv):
+            ModelRunner.decode = decode
+            engine_worker.main(argv)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import failing_decode_worker
+
+    monkeypatch.setattr(engine_client, "engine_worker", failing_decode_worker)
+    executor = new_process_executor(engine_heartbeat_timeout_s="60")
+    try:
+        prompt = executor.tokenizer().encode("Tell me a long story.")
+        started = time.monotonic()
+        request_id = executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=64, min_tokens=64))
+        with pytest.raises(ExecutorError, match="engine failed: RuntimeError: device lost"):
+            while time.monotonic() - started < 30:
+                assert all(step.request_id == request_id for step in executor.await_steps(0.1))
+        assert time.monotonic() - started < 10  # the heartbeat timeout is 60 s
+        assert "device lost" in executor.health_error()
+        with pytest.raises(ExecutorError, match="device lost"):
+            executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=2))
+    finally:
+        executor.shutdown()
 
 
 def test_a_stopped_worker_is_reported_hung_after_the_heartbeat_timeout_and_not_before():

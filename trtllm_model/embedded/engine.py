@@ -1,5 +1,8 @@
 """The engine loop, on its own thread: each iteration decodes the running batch, prefills the requests that join,
-samples, and publishes the new tokens as steps. Callers talk to it through `submit`, `cancel` and `wait_steps`.
+samples, and publishes the new tokens as steps. Callers talk to it through `submit`, `cancel` and `wait_steps`; or
+the engine hands each iteration's steps to `send_steps` itself, on its own thread (the worker process, which sends
+them to the stub: no second thread there waits for the steps and takes the interpreter's lock from the engine to
+pack them).
 
 Requests join and leave only between iterations (in-flight batching): a request that finishes or is cancelled
 frees its KV blocks at once, and a new one is prefilled at the next iteration instead of waiting for the batch to
@@ -33,6 +36,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,9 +94,13 @@ class EngineDead(RuntimeError):
 
 
 class Engine:
-    def __init__(self, runner: ModelRunner, config: EngineConfig) -> None:
+    def __init__(self, runner: ModelRunner, config: EngineConfig,
+                 send_steps: Callable[[list[Step]], None] | None = None) -> None:
+        """`send_steps`: called on the engine thread with each batch of steps, instead of `wait_steps` handing them
+        out (which then returns none, early only when the engine fails)."""
         self.runner = runner
         self.config = config
+        self._send_steps = send_steps
         budget = config.kv_budget
         self.blocks = BlockManager(budget.num_blocks, budget.block_size, config.enable_kv_cache_reuse)
         runner.allocate_kv_pool(budget.num_blocks, budget.block_size)
@@ -173,6 +181,9 @@ class Engine:
     def _publish(self, steps: list[Step]) -> None:
         """Hand steps to the callers; a request's steps not yet read are merged, so a slow reader gets one step."""
         if not steps:
+            return
+        if self._send_steps is not None:
+            self._send_steps(steps)
             return
         with self._lock:
             for step in steps:

@@ -7,21 +7,18 @@
                    the engine stops on a failure.
 
 A message is a pickle (protocol 5) of plain tuples and dataclasses sent as one zmq multipart message. A batch of
-steps travels columnar (`PackedSteps`: a few flat numpy arrays, whatever the number of requests) with a side list
-for the rare per-step extras (an error, logits, KV block counts); numpy arrays of OUT_OF_BAND_BYTES or more
-(logits) are frames of their own beside the pickle, not copied into it.
+steps travels as columns (`PackedSteps`: a few plain lists, which pickle packs in C, whatever the number of requests)
+with a side list for the rare per-step extras (an error, logits, KV block counts); numpy arrays of OUT_OF_BAND_BYTES
+or more (logits) are frames of their own beside the pickle, not copied into it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
-import itertools
-import math
 import pickle
 from dataclasses import dataclass
 
-import numpy as np
 import zmq
 
 from ..executor_interface import FinishReason, IterationStats, Step
@@ -89,39 +86,35 @@ _EXTRA_DEFAULTS = {"error": None, "client_error": False, "sequence_index": 0, "b
 
 @dataclass(slots=True)
 class PackedSteps:
-    """Steps as flat arrays: step i has tokens token_ids[offsets[i]:offsets[i + 1]] (and their log probs)."""
+    """Steps as columns: step i is request_ids[i] gaining token_ids[i]. Plain lists: pickle packs a list of ints in C,
+    where numpy arrays had to be built from the steps in Python first (the worker's side of a batch of 256 one-token
+    steps: 76 against 142 us, bench/engine_wire.py)."""
 
-    request_ids: np.ndarray  # int64 [steps]
-    offsets: np.ndarray  # int64 [steps + 1]
-    token_ids: np.ndarray  # int32 [tokens]
-    is_final: np.ndarray  # bool [steps]
-    finish_reasons: np.ndarray  # int8 [steps]: index into FinishReason
-    cum_log_probs: np.ndarray | None  # float64 [steps], NaN where a step has none; None when none has
-    log_probs: np.ndarray | None  # float64 [tokens], NaN for the tokens of a step that has none; None when none has
+    request_ids: list[int]
+    token_ids: list[list[int]]
+    is_final: list[bool]
+    finish_reasons: list[int]  # index into FinishReason
+    log_probs: list[list[float] | None] | None  # None when no step has them
+    cum_log_probs: list[float | None] | None  # None when no step has one
     extras: list[tuple[int, dict]]  # (step index, {field: value}) for the rare fields
 
 
 def pack_steps(steps: list[Step]) -> PackedSteps:
-    count = len(steps)
-    starts = list(itertools.accumulate([len(step.token_ids) for step in steps], initial=0))
-    cum = [step.cum_log_prob for step in steps]
     log_probs = [step.log_probs for step in steps]
-    extras = [(index, _extras_of(step)) for index, step in enumerate(steps)
-              if step.error is not None or step.generation_logits is not None or step.context_logits is not None
-              or step.kv_cache_alloc_new_blocks is not None or step.kv_cache_reused_blocks is not None
-              or step.kv_cache_alloc_total_blocks is not None or step.beams is not None or step.sequence_index
-              or step.client_error or step.beam_log_probs is not None or step.beam_cum_log_probs is not None]
+    cum = [step.cum_log_prob for step in steps]
     return PackedSteps(
-        request_ids=np.fromiter([step.request_id for step in steps], np.int64, count),
-        offsets=np.asarray(starts, np.int64),
-        token_ids=np.fromiter(itertools.chain.from_iterable([step.token_ids for step in steps]), np.int32, starts[-1]),
-        is_final=np.fromiter([step.is_final for step in steps], np.bool_, count),
-        finish_reasons=np.fromiter([0 if step.finish_reason is _NOT_FINISHED else _REASON_INDEX[step.finish_reason]
-                                    for step in steps], np.int8, count),
-        cum_log_probs=None if cum.count(None) == count else np.array(
-            [np.nan if value is None else value for value in cum], np.float64),
-        log_probs=None if log_probs.count(None) == count else _aligned_log_probs(log_probs, starts, extras),
-        extras=extras,
+        request_ids=[step.request_id for step in steps],
+        token_ids=[step.token_ids for step in steps],
+        is_final=[step.is_final for step in steps],
+        finish_reasons=[0 if step.finish_reason is _NOT_FINISHED else _REASON_INDEX[step.finish_reason]
+                        for step in steps],
+        log_probs=None if log_probs.count(None) == len(steps) else log_probs,
+        cum_log_probs=None if cum.count(None) == len(steps) else cum,
+        extras=[(index, _extras_of(step)) for index, step in enumerate(steps)
+                if step.error is not None or step.generation_logits is not None or step.context_logits is not None
+                or step.kv_cache_alloc_new_blocks is not None or step.kv_cache_reused_blocks is not None
+                or step.kv_cache_alloc_total_blocks is not None or step.beams is not None or step.sequence_index
+                or step.client_error or step.beam_log_probs is not None or step.beam_cum_log_probs is not None],
     )
 
 
@@ -134,39 +127,17 @@ def _extras_of(step: Step) -> dict:
     return extra
 
 
-def _aligned_log_probs(log_probs: list, starts: list[int], extras: list[tuple[int, dict]]) -> np.ndarray:
-    """One value per token; a step whose log probs do not match its tokens (or has none) travels in `extras`."""
-    if None not in log_probs and all(len(values) == end - start > 0
-                                     for values, start, end in zip(log_probs, starts, starts[1:])):
-        return np.fromiter(itertools.chain.from_iterable(log_probs), np.float64, starts[-1])  # every step has them
-    aligned = np.full(starts[-1], np.nan, np.float64)
-    for index, values in enumerate(log_probs):
-        if values is None:
-            continue
-        if len(values) == starts[index + 1] - starts[index] > 0:
-            aligned[starts[index]:starts[index + 1]] = values
-        else:
-            extras.append((index, {"log_probs": values}))
-    return aligned
-
-
 def unpack_steps(packed: PackedSteps) -> list[Step]:
     """The Step objects again (the poller's interface), field for field as packed."""
-    tokens = packed.token_ids.tolist()
-    starts = packed.offsets.tolist()
-    ends = starts[1:]
     reasons = _REASONS
-    columns = (packed.request_ids.tolist(), starts, ends, packed.is_final.tolist(), packed.finish_reasons.tolist())
+    columns = (packed.request_ids, packed.token_ids, packed.is_final, packed.finish_reasons)
     if packed.log_probs is None and packed.cum_log_probs is None:
-        steps = [Step(request_id, tokens[start:end], final, reasons[reason])
-                 for request_id, start, end, final, reason in zip(*columns)]
-    else:  # NaN (not equal to itself) marks a step without them
-        values = packed.log_probs.tolist() if packed.log_probs is not None else [math.nan] * len(tokens)
-        cum = packed.cum_log_probs.tolist() if packed.cum_log_probs is not None else [math.nan] * len(starts)
-        steps = [Step(request_id, tokens[start:end], final, reasons[reason],
-                      values[start:end] if end > start and values[start] == values[start] else None,
-                      total if total == total else None)
-                 for request_id, start, end, final, reason, total in zip(*columns, cum)]
+        steps = [Step(request_id, tokens, final, reasons[reason]) for request_id, tokens, final, reason in zip(*columns)]
+    else:
+        nothing = [None] * len(packed.request_ids)
+        steps = [Step(request_id, tokens, final, reasons[reason], log_probs, cum)
+                 for request_id, tokens, final, reason, log_probs, cum
+                 in zip(*columns, packed.log_probs or nothing, packed.cum_log_probs or nothing)]
     for index, extra in packed.extras:
         for name, value in extra.items():
             setattr(steps[index], name, value)

@@ -1,12 +1,14 @@
 """The engine worker process: loads the model as the stub's EngineSpec says, runs the `Engine`, and serves the stub's
 commands (engine_wire.py has the messages; engine_client.py is the stub's side).
 
-Beside the engine's own thread: the command loop (submits, cancels, stop; never waits on anything slow), the
-publisher (the engine's steps and stats to the stub, and a heartbeat every HEARTBEAT_S when there are none, with the
-engine's iteration counter), and the guide compiler's pool and deadline thread: a guided request waits there, off
-the command loop, at most guide_compile_timeout_s for its guide (compiled once, here only; the stub checks the
-guide's limits but does not compile it), then joins the engine or ends with an INVALID_ARG error step. xgrammar
-releases the GIL while it compiles, so the other threads run meanwhile (they still share the CPU with it).
+The engine's own thread sends its steps (with the iteration stats so far) as it makes them: a second thread waking
+for them would take the interpreter's lock from the engine every iteration. Beside it: the command loop (submits,
+cancels, stop; never waits on anything slow), the heartbeat (a message every HEARTBEAT_S with the engine's iteration
+counter, and the engine's failure as soon as it fails), and the guide compiler's pool and deadline thread: a guided
+request waits there, off the command loop, at most guide_compile_timeout_s for its guide (compiled once, here only;
+the stub checks the guide's limits but does not compile it), then joins the engine or ends with an INVALID_ARG error
+step. xgrammar releases the GIL while it compiles, so the other threads run meanwhile (they still share the CPU with
+it).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -54,15 +57,15 @@ class _Worker:
         assert kind == "spec", kind
         self.spec = spec
         try:
-            self.engine, info, self._tokenizer = build_engine(spec)
+            self.engine, info, self._tokenizer = build_engine(spec, self.send_steps)
         except Exception as exc:  # noqa: BLE001 - the stub reports it as the load failure
             log.exception("engine worker failed to load")
             self.send(("failed", f"{type(exc).__name__}: {exc}"))
             return
         self.info = info
         self.send(("ready", info))
-        publisher = threading.Thread(target=self._publish_steps, name="engine-steps", daemon=True)
-        publisher.start()
+        heartbeat = threading.Thread(target=self._send_heartbeats, name="engine-heartbeat", daemon=True)
+        heartbeat.start()
         while True:
             message = self.receive()
             if message[0] == "submit":
@@ -73,15 +76,18 @@ class _Worker:
                 break
         self._stopping.set()
         self.engine.stop()
-        publisher.join(5.0)
+        heartbeat.join(5.0)
 
-    def send_steps(self, steps: list[Step], stats: list | None = None) -> None:
+    def send_steps(self, steps: list[Step]) -> None:
+        """Steps (none: the heartbeat) with the iteration stats since the last message and the engine's progress;
+        from the engine's thread, the heartbeat's and the command loop's."""
         engine = self.engine
-        work = engine.queued() > 0 or bool(engine.running) or bool(getattr(engine.scheduler, "prefilling", None))
+        queued = engine.queued()
+        work = queued > 0 or bool(engine.running) or bool(engine.scheduler.prefilling)
         # Before the first iteration the engine may still be capturing CUDA graphs: not judged as stalled then.
-        progress = Progress(engine.iteration, work and engine.iteration > 0, engine.queued() + len(self._compiling),
+        progress = Progress(engine.iteration, work and engine.iteration > 0, queued + len(self._compiling),
                             self._submits_seen)
-        self.send(("steps", pack_steps(steps), stats or [], progress))
+        self.send(("steps", pack_steps(steps), engine.take_stats(), progress))
 
     def _submit(self, request_id: int, request: GenerationRequest) -> None:
         from ..embedded.sequence import Sequence
@@ -151,22 +157,23 @@ class _Worker:
             if self._compiling.pop(request_id, None) is not None:
                 self._start(sequence)
 
-    def _publish_steps(self) -> None:
+    def _send_heartbeats(self) -> None:
         from ..embedded.engine import EngineDead
 
         while True:
             try:
-                steps = self.engine.wait_steps(HEARTBEAT_S)
+                self.engine.wait_steps(HEARTBEAT_S)  # none (the engine sends its own): returns early if it fails
             except EngineDead as exc:
                 self.send(("dead", str(exc)))
                 return
-            if self._stopping.is_set() and not steps:
+            if self._stopping.is_set():
                 return
-            self.send_steps(steps, self.engine.take_stats())  # with nothing new: the heartbeat
+            self.send_steps([])
 
 
-def build_engine(spec: EngineSpec):
-    """Load the model and start the engine as `spec` says; returns (engine, WorkerInfo, tokenizer)."""
+def build_engine(spec: EngineSpec, send_steps: Callable[[list[Step]], None]):
+    """Load the model and start the engine as `spec` says, sending its steps through `send_steps`; returns (engine,
+    WorkerInfo, tokenizer)."""
     import torch
 
     from ..embedded.cpu_share import FreeCoreThreads
@@ -189,7 +196,7 @@ def build_engine(spec: EngineSpec):
     budget = KvBudget(memory, runner.kv_bytes_per_token)
     overlap = runner.device.type == "cuda" if spec.overlap_steps is None else spec.overlap_steps
     engine = Engine(runner, EngineConfig(spec.max_batch_size, spec.max_num_tokens, budget, spec.stats_max_iterations,
-                                         spec.enable_kv_cache_reuse, spec.prefill_stall_factor, overlap))
+                                         spec.enable_kv_cache_reuse, spec.prefill_stall_factor, overlap), send_steps)
     eos = getattr(getattr(loaded.model, "generation_config", None), "eos_token_id", None)
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None
