@@ -108,6 +108,7 @@ class Engine:
         self.scheduler = Scheduler(SchedulerLimits(config.max_batch_size, config.max_num_tokens), self.blocks)
         self.step_budget = StepBudget(config.max_num_tokens, config.prefill_stall_factor)
         self.running: list[Sequence] = []
+        self._timed: list[Sequence] = []  # sequences with a deadline (allotted_time_ms), dropped once they end
         self.in_flight: StepInFlight | None = None  # with overlap_steps: the last step, its tokens not read yet
         self._host_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # two (tokens, log probs), in turn
         self._launches = 0  # overlapped steps launched: whose turn the host buffers are
@@ -249,7 +250,10 @@ class Engine:
         lap = time.perf_counter()
         launches_before = self._launches
         for sequence in incoming:
+            sequence.overlappable = sequence.may_overlap()
             self.scheduler.add(sequence)
+            if sequence.deadline is not None:
+                self._timed.append(sequence)
         self._publish(self._end_cancelled_and_expired(cancels, started))
         if self.in_flight is not None and not self._may_overlap():
             self._read_in_flight()
@@ -323,7 +327,7 @@ class Engine:
         for sequence in self.running:  # one pass, plain arithmetic: every step asks it of every row
             if not sequence.overlappable:
                 return False
-            beyond = sequence.num_tokens - len(sequence.blocks.block_ids) * block_size  # tokens without a slot
+            beyond = len(sequence.token_ids) + sequence.pending - len(sequence.blocks.block_ids) * block_size
             if beyond > 0:
                 needed += -(-beyond // block_size)
         return needed <= self.blocks.free_blocks
@@ -393,12 +397,13 @@ class Engine:
         tokens = launched.host_tokens.tolist()
         log_probs = launched.host_log_probs.tolist()
         steps = []
+        decoding, finished = launched.decoding, Status.FINISHED
         for row, sequence in enumerate(launched.rows):
             sequence.pending -= 1
-            if sequence.is_finished:
+            if sequence.status is finished:
                 continue
             sampled = (tokens[row], log_probs[row] if sequence.sampling.log_probs else None)
-            prefill = row >= launched.decoding
+            prefill = row >= decoding
             try:
                 steps.append(self._accept_row(sequence, None, sampled, prefill))
             except Exception as exc:  # noqa: BLE001 - this request's own failure
@@ -470,8 +475,12 @@ class Engine:
         return logits, done
 
     def _end_cancelled_and_expired(self, cancels: set[int], now: float) -> list[Step]:
+        # Every sequence is looked at only when cancels came; else only those with a deadline (most iterations have
+        # neither, and this ran over every row of every step).
+        finished = Status.FINISHED
+        self._timed = [sequence for sequence in self._timed if sequence.status is not finished]
         steps = []
-        for sequence in [*self.scheduler.waiting, *self.scheduler.prefilling, *self.running]:
+        for sequence in [*self.scheduler.waiting, *self.scheduler.prefilling, *self.running] if cancels else self._timed:
             if sequence.request_id in cancels:
                 sequence.finish(FinishReason.CANCELLED)
             elif sequence.deadline is not None and now >= sequence.deadline:
@@ -481,7 +490,8 @@ class Engine:
             steps.append(sequence.step([]))
         for sequence in self.scheduler.remove_finished():
             self._release(sequence)
-        self._release_finished()
+        if steps:
+            self._release_finished()
         return steps
 
     def _prefill(self, group: list[Sequence]) -> None:
@@ -546,9 +556,9 @@ class Engine:
     def _accept(
         self, sequences: list[Sequence], logits: torch.Tensor, sampled: list, prefill: bool = False
     ) -> list[Step]:
-        steps = []
+        steps, finished = [], Status.FINISHED
         for row, sequence in enumerate(sequences):
-            if sequence.is_finished:  # ended by the in-flight step's tokens, read before this step was sampled
+            if sequence.status is finished:  # ended by the in-flight step's tokens, read before this step was sampled
                 continue
             try:
                 steps.append(self._accept_row(sequence, logits[row], sampled[row], prefill))
@@ -590,12 +600,13 @@ class Engine:
         return step
 
     def _release_finished(self) -> None:
-        finished = [sequence for sequence in self.running if sequence.status is Status.FINISHED]  # one pass
+        status = Status.FINISHED  # a local: every step walks every row here
+        finished = [sequence for sequence in self.running if sequence.status is status]
         if not finished:
             return
         for sequence in finished:
             self._release(sequence)
-        self.running = [sequence for sequence in self.running if sequence.status is not Status.FINISHED]
+        self.running = [sequence for sequence in self.running if sequence.status is not status]
 
     def _record_stats(self, decoded: int, admitted: int, context_tokens: int) -> None:
         blocks = self.blocks

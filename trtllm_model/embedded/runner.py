@@ -216,7 +216,7 @@ class ModelRunner:
         positions = np.zeros(rows, dtype=np.int64)
         tables = np.full((rows, width), TRASH_BLOCK, dtype=np.int64)
         ids[:decoding] = [sequence.token_ids[-1] for sequence in sequences]
-        positions[:decoding] = [sequence.num_tokens - 1 for sequence in sequences]
+        positions[:decoding] = [len(sequence.token_ids) + sequence.pending - 1 for sequence in sequences]
         # Every decoding row's table in one assignment, not one per row.
         tables[:decoding][np.arange(width) < lengths[:, None]] = np.fromiter(
             itertools.chain.from_iterable(block_lists), np.int64, int(lengths.sum()))

@@ -51,7 +51,8 @@ class Scheduler:
         block_size = self.blocks.block_size
         while pending:
             sequence = pending.popleft()
-            if sequence.num_tokens <= len(sequence.blocks.block_ids) * block_size:  # the usual step: it has room
+            # The usual step: it has room (plain arithmetic, not `num_tokens`: every step asks it of every row).
+            if len(sequence.token_ids) + sequence.pending <= len(sequence.blocks.block_ids) * block_size:
                 decoding.append(sequence)
                 continue
             while not self.blocks.grow(sequence.blocks, sequence.num_tokens):

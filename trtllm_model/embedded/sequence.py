@@ -20,6 +20,9 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+_FINISHED = Status.FINISHED
+
+
 # eq=False: a sequence is itself, not its fields (list.remove and `in` compared every field, token lists included).
 @dataclass(slots=True, eq=False)
 class Sequence:
@@ -49,7 +52,9 @@ class Sequence:
     # newest one in the in-flight step's sampled tokens (what the next step feeds this sequence).
     pending: int = 0
     device_row: int = 0
-    _overlappable: bool | None = None  # `overlappable`, worked out on its first use (all it reads is set by then)
+    # `may_overlap()`, set by the engine when it takes the sequence (the guide is known by then); a field, not a
+    # property: every overlapped step reads it for every row, twice.
+    overlappable: bool = False
 
     @classmethod
     def from_request(
@@ -93,15 +98,12 @@ class Sequence:
         """Its tokens, those sampled on the device but not read by the host yet included."""
         return len(self.token_ids) + self.pending
 
-    @property
-    def overlappable(self) -> bool:
+    def may_overlap(self) -> bool:
         """Whether its next token may be sampled before the host has read its last one: nothing in its sampling reads
         the tokens so far (no guide, bias, penalty or bad word; min_tokens needs only their count) and no logits go
         back to the client."""
-        if self._overlappable is None:
-            self._overlappable = (self.guide is None and not self.sampling.processed_on_host
-                                  and not self.want_generation_logits and not self.want_context_logits)
-        return self._overlappable
+        return (self.guide is None and not self.sampling.processed_on_host and not self.want_generation_logits
+                and not self.want_context_logits)
 
     def bans_end_id(self) -> bool:
         """Whether its next token may not be its end id: an unguided sequence short of min_tokens, counting the
@@ -162,15 +164,12 @@ class Sequence:
         return self.step([token], log_prob)
 
     def step(self, tokens: list[int], log_prob: float | None = None) -> Step:
-        want_log_probs = self.sampling.log_probs
-        step = Step(
-            request_id=self.request_id,
-            token_ids=tokens,
-            is_final=self.is_finished,
-            finish_reason=self.finish_reason,
-            log_probs=([log_prob] if tokens else []) if want_log_probs else None,
-            cum_log_prob=self.cum_log_prob if want_log_probs else None,
-        )
+        # Every row of every step comes here: positional fields, no properties.
+        if self.sampling.log_probs:
+            step = Step(self.request_id, tokens, self.status is _FINISHED, self.finish_reason,
+                        [log_prob] if tokens else [], self.cum_log_prob)
+        else:
+            step = Step(self.request_id, tokens, self.status is _FINISHED, self.finish_reason)
         if self.want_perf_metrics and self.blocks is not None:
             # As TensorRT-LLM counts them: blocks found cached, blocks allocated for it; its "total" allocated blocks
             # are the allocated ones (NVIDIA's CI checks total == new per request), reused ones not among them.
