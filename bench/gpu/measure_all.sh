@@ -12,6 +12,9 @@
 # layout of the embedded engine: in its worker process (config engine_process=true, bench/engine.py --engine-process)
 # or on a thread of the stub (engine_process=false). DRY_RUN=1 prints each step's command instead of running it.
 # The test step runs tests/test_cuda_transformers.py and tests/test_cuda_multi_instance.py.
+# engine-ab (not in the default STEPS): the engine step from the bundle's base tree (make_bundle.sh with AB_BASE=<commit>)
+# and from this one, in turn, AB_PAIRS times (default 2), each in every ENGINE_MODES layout; the tree is swapped in
+# $GPU_HOME/src, where the stub's links point, and this one is left in place at the end.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 RUN="$HERE/run_on_gpu.sh"
@@ -35,6 +38,15 @@ engine_param() { [ "$1" = process ] && echo engine_process=true || echo engine_p
 # setup also caches the dequantised SmolLM2, so no model's initialize() has to make it.
 if [ "${SKIP_SETUP:-0}" != 1 ]; then $DRY "$RUN" setup "$@" || exit 1; fi
 pack() { tar -czf "$OUT/results.tgz" -C "$RESULTS" . ; }
+use_tree() {  # use_tree base|this: that tree's code in $GPU_HOME/src
+  local archive="$GPU_HOME/stage/src.tar.gz"
+  if [ "$1" = base ]; then archive="$GPU_HOME/stage/src-base.tar.gz"; fi
+  if [ ! -s "$archive" ] && [ -z "$DRY" ]; then echo "=== no $archive (make_bundle.sh with AB_BASE=<commit>)"; return 1; fi
+  echo "=== $(date -u +%H:%M:%S) tree: $1 ($archive)"
+  $DRY rm -rf "$GPU_HOME/src"
+  $DRY mkdir -p "$GPU_HOME/src"
+  $DRY tar -xzf "$archive" -C "$GPU_HOME/src"
+}
 step() {  # step LIMIT_S NAME ARGS...
   local limit=$1; shift
   echo "=== $(date -u +%H:%M:%S) $*"
@@ -65,6 +77,14 @@ tests/test_cuda_multi_instance.py ;;
           -o "$RESULTS/profile-engine-128-$mode.txt" -- "${PYTHON:-python3}" -P bench/engine.py --device cuda \
           --levels 128 --prompts 128 --skip-sequential --threads 4 $(engine_flag "$mode")
       done ;;
+    engine-ab)
+      for _ in $(seq "${AB_PAIRS:-2}"); do
+        for tree in base this; do
+          use_tree "$tree" || break 2
+          for mode in $ENGINE_MODES; do step "${ENGINE_LIMIT_S:-110}" engine $ENGINE_ARGS $(engine_flag "$mode"); done
+        done
+      done
+      use_tree this ;;
     serving) step 230 serving $SERVING_ARGS ;;
     serving-variant) step 60 serving ${SERVING_VARIANT_ARGS:---models ours --loads 1024 --max-batch 1100 --client-procs 6 \
 --warmup 2 --window 5 --idle-s 1 --in-process-samples 20 --skip-perf-analyzer --no-plot --param sender_threads=8} ;;
