@@ -48,7 +48,7 @@ from .kv_budget import KvBudget
 from .runner import ModelRunner
 from .sampling import NO_ALLOWED_TOKEN, ban_tokens, sample_next_tokens, sample_on_device
 from .scheduler import Scheduler, SchedulerLimits, prefill_groups
-from .sequence import Sequence, Status
+from .sequence import FINISHED, Sequence
 from .step_budget import StepBudget
 from .transfers import to_device
 
@@ -397,10 +397,10 @@ class Engine:
         tokens = launched.host_tokens.tolist()
         log_probs = launched.host_log_probs.tolist()
         steps = []
-        decoding, finished = launched.decoding, Status.FINISHED
+        decoding = launched.decoding
         for row, sequence in enumerate(launched.rows):
             sequence.pending -= 1
-            if sequence.status is finished:
+            if sequence.status is FINISHED:
                 continue
             sampled = (tokens[row], log_probs[row] if sequence.sampling.log_probs else None)
             prefill = row >= decoding
@@ -477,8 +477,7 @@ class Engine:
     def _end_cancelled_and_expired(self, cancels: set[int], now: float) -> list[Step]:
         # Every sequence is looked at only when cancels came; else only those with a deadline (most iterations have
         # neither, and this ran over every row of every step).
-        finished = Status.FINISHED
-        self._timed = [sequence for sequence in self._timed if sequence.status is not finished]
+        self._timed = [sequence for sequence in self._timed if sequence.status is not FINISHED]
         steps = []
         for sequence in [*self.scheduler.waiting, *self.scheduler.prefilling, *self.running] if cancels else self._timed:
             if sequence.request_id in cancels:
@@ -556,9 +555,9 @@ class Engine:
     def _accept(
         self, sequences: list[Sequence], logits: torch.Tensor, sampled: list, prefill: bool = False
     ) -> list[Step]:
-        steps, finished = [], Status.FINISHED
+        steps = []
         for row, sequence in enumerate(sequences):
-            if sequence.status is finished:  # ended by the in-flight step's tokens, read before this step was sampled
+            if sequence.status is FINISHED:  # ended by the in-flight step's tokens, read before this step was sampled
                 continue
             try:
                 steps.append(self._accept_row(sequence, logits[row], sampled[row], prefill))
@@ -600,13 +599,12 @@ class Engine:
         return step
 
     def _release_finished(self) -> None:
-        status = Status.FINISHED  # a local: every step walks every row here
-        finished = [sequence for sequence in self.running if sequence.status is status]
+        finished = [sequence for sequence in self.running if sequence.status is FINISHED]
         if not finished:
             return
         for sequence in finished:
             self._release(sequence)
-        self.running = [sequence for sequence in self.running if sequence.status is not status]
+        self.running = [sequence for sequence in self.running if sequence.status is not FINISHED]
 
     def _record_stats(self, decoded: int, admitted: int, context_tokens: int) -> None:
         blocks = self.blocks

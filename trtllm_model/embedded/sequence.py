@@ -20,7 +20,8 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-_FINISHED = Status.FINISHED
+# What the per-row loops of every step compare a status with: a module name, not an enum lookup per row.
+FINISHED = Status.FINISHED
 
 
 # eq=False: a sequence is itself, not its fields (list.remove and `in` compared every field, token lists included).
@@ -166,10 +167,10 @@ class Sequence:
     def step(self, tokens: list[int], log_prob: float | None = None) -> Step:
         # Every row of every step comes here: positional fields, no properties.
         if self.sampling.log_probs:
-            step = Step(self.request_id, tokens, self.status is _FINISHED, self.finish_reason,
+            step = Step(self.request_id, tokens, self.status is FINISHED, self.finish_reason,
                         [log_prob] if tokens else [], self.cum_log_prob)
         else:
-            step = Step(self.request_id, tokens, self.status is _FINISHED, self.finish_reason)
+            step = Step(self.request_id, tokens, self.status is FINISHED, self.finish_reason)
         if self.want_perf_metrics and self.blocks is not None:
             # As TensorRT-LLM counts them: blocks found cached, blocks allocated for it; its "total" allocated blocks
             # are the allocated ones (NVIDIA's CI checks total == new per request), reused ones not among them.
