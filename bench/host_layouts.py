@@ -7,9 +7,9 @@ Host-only (bench/host_only.py): the forward computes nothing, the steps go as on
 steps), so a round's time is the engine's Python and the steps' way to the caller; on an H200 a 256-stream decode step
 is bound by that host work. A tiny random checkpoint (bench/tiny_checkpoint.py) is loaded by both layouts. A round:
 N chat prompts, 64 new tokens each, all in flight (bench/engine.py's closed loop). The layouts alternate turn by turn,
-each going first in turn. Printed per layout: each round's tokens/s, the median, and the median milliseconds between
-two iterations that decoded every stream (from the engine's iteration stats, so the same measure in both layouts);
-then process over thread.
+each going first in turn. Printed per layout: each round's tokens/s and time to first token (p50 of its requests), the
+medians, and the median milliseconds between two iterations that decoded every stream (from the engine's iteration
+stats, so the same measure in both layouts); then process over thread.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def main() -> int:
         }
         rates: dict[str, list[float]] = {layout: [] for layout in executors}
         steps: dict[str, list[float]] = {layout: [] for layout in executors}
+        first_tokens: dict[str, list[float]] = {layout: [] for layout in executors}  # each round's TTFT p50, ms
         try:
             for executor in executors.values():  # warm-up: allocations, the first prompt forwards
                 run_executor(executor, prompts, args.max_tokens, args.streams)
@@ -76,11 +77,13 @@ def main() -> int:
                     executor = executors[layout]
                     for _ in range(args.rounds):
                         executor.iteration_stats()  # drop what came before this round
-                        tokens, seconds, _ = run_executor(executor, prompts, args.max_tokens, args.streams)
+                        tokens, seconds, ttfts = run_executor(executor, prompts, args.max_tokens, args.streams)
                         rates[layout].append(tokens / seconds)
+                        first_tokens[layout].append(statistics.median(ttfts) * 1000)
                         steps[layout] += full_step_ms(executor, args.streams)
                     print(f"turn {turn} {layout}: " + ", ".join(f"{rate:,.0f}" for rate in rates[layout][-args.rounds:])
-                          + " tok/s", flush=True)
+                          + " tok/s; TTFT p50 " + ", ".join(f"{ms:.1f}" for ms in first_tokens[layout][-args.rounds:])
+                          + " ms", flush=True)
         finally:
             for executor in executors.values():
                 executor.shutdown()
@@ -91,7 +94,8 @@ def main() -> int:
         print(f"{layout}: {len(rates[layout])} rounds, median {medians[layout][0]:,.0f} tok/s "
               f"(spread {(max(rates[layout]) - min(rates[layout])) / medians[layout][0]:.1%}); ms between full decode "
               f"iterations: median {medians[layout][1]:.3f} (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, "
-              f"{len(steps[layout])} iterations)")
+              f"{len(steps[layout])} iterations); TTFT p50, median of the rounds: "
+              f"{statistics.median(first_tokens[layout]):.1f} ms")
     print(f"process / thread: tok/s {medians['process'][0] / medians['thread'][0]:.2f}, "
           f"ms a full decode iteration {medians['process'][1] / medians['thread'][1]:.2f}")
     return 0
