@@ -3,7 +3,9 @@ worker's side (the engine's thread) plus decode back into Step objects on the st
 token, in today's form (columns as plain lists) against the two before it, numpy columns (2026-12-03 to 12-05) and a
 pickle of every Step as the tuple of its fields (before), and one tried and not kept (flat lists: every token in one
 list, each step's count beside it). Prints the median microseconds of each side, the bytes on
-the wire and the ratios, all measured in this run.
+the wire and the ratios, all measured in this run. Then the other way, one request's submit message (stub -> worker):
+today (the request as the tuple of its fields) against the request pickled with its field names (before 2026-12-05
+12:40 UTC: the same encoder, the request left to pickle's own dataclass reduction).
 
 Run: `.venv/bin/python bench/engine_wire.py` (a few seconds); `--requests 1024 --log-probs` for other shapes.
 """
@@ -24,7 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_model.executor_interface import FinishReason, Step  # noqa: E402
+from trtllm_model.executor_interface import FinishReason, GenerationRequest, Step  # noqa: E402
+from trtllm_model.executors import engine_wire  # noqa: E402
 from trtllm_model.executors.engine_wire import Progress, decode, encode, pack_steps, unpack_steps  # noqa: E402
 
 _STEP_FIELDS = tuple(field.name for field in dataclasses.fields(Step))
@@ -152,6 +155,43 @@ def main() -> None:
             f"total {(encode_us + decode_us) / (today_encode + today_decode):5.2f} x")
         print(f"  {name:<14}: encode {encode_us:7.1f} us  decode {decode_us:7.1f} us  total {encode_us + decode_us:7.1f}"
               f" us  {sizes[name]:6d} bytes{ratios}")
+    submit_us(args.repeats)
+
+
+class _ByNamePickler(engine_wire._Pickler):
+    """engine_wire's encoder as it was before requests went as the tuple of their fields."""
+
+    def reducer_override(self, obj):
+        if type(obj) is GenerationRequest:
+            return NotImplemented
+        return super().reducer_override(obj)
+
+
+def encode_by_name(message: tuple) -> list:
+    out = io.BytesIO()
+    _ByNamePickler(out, protocol=5).dump(message)
+    return [out.getbuffer()]
+
+
+def submit_us(repeats: int) -> None:
+    """One chat request's submit message, today's encoding against a plain pickle (the same message otherwise)."""
+    request = GenerationRequest(input_ids=list(range(100, 220)), max_tokens=64, min_tokens=64, end_id=2)
+    message = ("submit", 7, request)
+    forms = {"fields (today)": (encode, decode), "by name (before)": (encode_by_name, decode)}
+    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in forms}
+    for _ in range(repeats):
+        for name, (encoder, decoder) in forms.items():
+            seconds, frames = timed(encoder, message)
+            times[name][0].append(seconds)
+            times[name][1].append(timed(decoder, frames)[0])
+    print(f"a submit message (a request of {len(request.input_ids)} prompt tokens), medians of {repeats}, in turn; "
+          "encode = the stub's side, decode = the worker's")
+    for name, (encoder, decoder) in forms.items():
+        frames = encoder(message)
+        assert decoder(frames) == message, name
+        encode_us, decode_us = (statistics.median(values) * 1e6 for values in times[name])
+        print(f"  {name:<16}: encode {encode_us:7.1f} us  decode {decode_us:7.1f} us  "
+              f"{sum(len(frame) for frame in frames):6d} bytes")
 
 
 if __name__ == "__main__":

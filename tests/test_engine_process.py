@@ -89,6 +89,23 @@ def test_a_steps_message_round_trips_with_logits_as_out_of_band_frames():
     assert got == steps
 
 
+def test_a_submitted_request_round_trips_with_every_field_and_its_arrays_beside_the_pickle():
+    lora = np.arange(30 * 4096, dtype=np.float32).reshape(30, 4096)
+    request = GenerationRequest(
+        input_ids=[1, 2, 3], max_tokens=9, end_id=2, temperature=0.7, top_k=5, seed=11, min_tokens=3,
+        stop_words=[[4, 5]], bad_words=[[6]], embedding_bias=[0.5, -1.0], return_log_probs=True,
+        allotted_time_ms=250, lora_task_id=3, lora_weights=lora, lora_config=np.ones((30, 3), dtype=np.int32),
+        guided_decoding_type="regex", guided_decoding_guide="[ab]+", cache_salt="tenant",
+        lora_adapter=(1, "a", "/loras/a", "hf"), faults={"x": "y"})
+    frames = encode(("submit", 7, request))
+    assert len(frames) == 2 and len(frames[0]) < 2000  # the LoRA weights beside the pickle, not in it
+    kind, request_id, got = decode(frames)
+    assert (kind, request_id) == ("submit", 7) and np.array_equal(got.lora_weights, lora)
+    assert np.array_equal(got.lora_config, request.lora_config) and got.lora_config.dtype == np.int32
+    got.lora_weights = request.lora_weights = got.lora_config = request.lora_config = None
+    assert got == request
+
+
 def test_a_step_batch_is_a_few_columns_whatever_the_number_of_requests():
     """256 decoding requests: one list per column, the rare fields (one error) in the side list; every field
     comes back, log probs only where they were sent."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from ..executor_interface import FinishReason, IterationStats, Step
+from ..executor_interface import FinishReason, GenerationRequest, IterationStats, Step
 
 HEARTBEAT_S = 1.0  # the worker sends at least one message this often once ready
 OUT_OF_BAND_BYTES = 64 * 1024
@@ -146,7 +146,8 @@ def unpack_steps(packed: PackedSteps) -> list[Step]:
 
 # -- encoding -------------------------------------------------------------------------------------------------------
 class _Pickler(pickle.Pickler):
-    """Iteration stats as the tuple of their fields (no field names: a thousand stats stay small)."""
+    """Iteration stats and requests as the tuple of their fields: no field names, so a thousand stats stay small and a
+    request decodes in the worker in half the time, in 0.4x the bytes (bench/engine_wire.py)."""
 
     def reducer_override(self, obj):
         fields = _COMPACT.get(type(obj))
@@ -155,7 +156,9 @@ class _Pickler(pickle.Pickler):
         return type(obj), tuple(getattr(obj, name) for name in fields)
 
 
-_COMPACT = {kind: tuple(field.name for field in dataclasses.fields(kind)) for kind in (IterationStats,)}
+# Every field is an __init__ argument, in order: the class called with the tuple rebuilds the object.
+_COMPACT = {kind: tuple(field.name for field in dataclasses.fields(kind))
+            for kind in (IterationStats, GenerationRequest)}
 
 
 def encode(message: tuple) -> list:
