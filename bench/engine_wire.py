@@ -117,12 +117,12 @@ def timed(function, argument) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
-def medians_us(steps: list[Step], repeats: int) -> dict[str, tuple[float, float]]:
-    """Median microseconds (encode, decode) of each format, timed in turn (a noisy host slows all of them alike)."""
-    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in FORMATS}
+def medians_us(forms: dict, message, repeats: int) -> dict[str, tuple[float, float]]:
+    """Median microseconds (encode, decode) of each form, timed in turn (a noisy host slows all of them alike)."""
+    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in forms}
     for _ in range(repeats):
-        for name, (encoder, decoder) in FORMATS.items():
-            seconds, frames = timed(encoder, steps)
+        for name, (encoder, decoder) in forms.items():
+            seconds, frames = timed(encoder, message)
             times[name][0].append(seconds)
             times[name][1].append(timed(decoder, frames)[0])
     return {name: (statistics.median(encodes) * 1e6, statistics.median(decodes) * 1e6)
@@ -145,7 +145,7 @@ def main() -> None:
         frames = encoder(steps)
         assert decoder(frames) == steps, name
         sizes[name] = sum(len(frame) for frame in frames)
-    us = medians_us(steps, args.repeats)
+    us = medians_us(FORMATS, steps, args.repeats)
     print(f"{args.requests} requests, one token each{', with log probs' if args.log_probs else ''}; "
           f"medians of {args.repeats}, in turn; encode = the worker's side, decode to Steps = the stub's")
     today_encode, today_decode = us["lists (today)"]
@@ -174,22 +174,17 @@ def encode_by_name(message: tuple) -> list:
 
 
 def submit_us(repeats: int) -> None:
-    """One chat request's submit message, today's encoding against a plain pickle (the same message otherwise)."""
+    """One chat request's submit message, today's encoding against the one before (the same message otherwise)."""
     request = GenerationRequest(input_ids=list(range(100, 220)), max_tokens=64, min_tokens=64, end_id=2)
     message = ("submit", 7, request)
     forms = {"fields (today)": (encode, decode), "by name (before)": (encode_by_name, decode)}
-    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in forms}
-    for _ in range(repeats):
-        for name, (encoder, decoder) in forms.items():
-            seconds, frames = timed(encoder, message)
-            times[name][0].append(seconds)
-            times[name][1].append(timed(decoder, frames)[0])
+    us = medians_us(forms, message, repeats)
     print(f"a submit message (a request of {len(request.input_ids)} prompt tokens), medians of {repeats}, in turn; "
           "encode = the stub's side, decode = the worker's")
     for name, (encoder, decoder) in forms.items():
         frames = encoder(message)
         assert decoder(frames) == message, name
-        encode_us, decode_us = (statistics.median(values) * 1e6 for values in times[name])
+        encode_us, decode_us = us[name]
         print(f"  {name:<16}: encode {encode_us:7.1f} us  decode {decode_us:7.1f} us  "
               f"{sum(len(frame) for frame in frames):6d} bytes")
 
