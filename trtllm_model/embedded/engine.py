@@ -476,10 +476,13 @@ class Engine:
 
     def _end_cancelled_and_expired(self, cancels: set[int], now: float) -> list[Step]:
         # Every sequence is looked at only when cancels came; else only those with a deadline (most iterations have
-        # neither, and this ran over every row of every step).
-        self._timed = [sequence for sequence in self._timed if sequence.status is not FINISHED]
+        # neither, and this ran over every row of every step), the ones that ended meanwhile dropped on the way.
+        if cancels:
+            candidates = [*self.scheduler.waiting, *self.scheduler.prefilling, *self.running]
+        else:
+            candidates = self._timed = [sequence for sequence in self._timed if sequence.status is not FINISHED]
         steps = []
-        for sequence in [*self.scheduler.waiting, *self.scheduler.prefilling, *self.running] if cancels else self._timed:
+        for sequence in candidates:
             if sequence.request_id in cancels:
                 sequence.finish(FinishReason.CANCELLED)
             elif sequence.deadline is not None and now >= sequence.deadline:
