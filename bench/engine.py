@@ -152,6 +152,8 @@ def main() -> None:
                         help="the executor's engine in a worker process of its own (config engine_process=true)")
     parser.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=None,
                         help="the engine's overlapped steps (default: on CUDA only)")
+    parser.add_argument("--decode-steps", type=int, default=None,
+                        help="the engine's decode steps an iteration (default: the device's, 4 on CUDA)")
     parser.add_argument("--fused-forward", action=argparse.BooleanOptionalAction, default=None,
                         help="forwards as embedded/fused_forward.py's pieces, compiled on CUDA, eager on CPU (default: on)")
     parser.add_argument("--repeat", type=int, default=1, help="measurements of each row; median and spread reported")
@@ -181,7 +183,8 @@ def main() -> None:
         if args.engine_process:
             spec = EngineSpec(device=args.device, dtype=dtype, torch_threads=args.threads,
                               max_batch_size=max(levels), max_num_tokens=8192, cuda_graphs=not args.eager,
-                              overlap_steps=args.overlap_steps, fused_forward=args.fused_forward)
+                              overlap_steps=args.overlap_steps, fused_forward=args.fused_forward,
+                              decode_steps=args.decode_steps)
             executor = TransformersExecutor.in_worker_process(spec)
         else:
             # A model object of its own: the engine changes its forward (embedded/model_patches.py), and the
@@ -189,7 +192,7 @@ def main() -> None:
             engine_model = load_model(device=args.device, dtype=dtype).model
             executor = TransformersExecutor(engine_model, tokenizer, max_batch_size=max(levels), max_num_tokens=8192,
                                             cuda_graphs=not args.eager, overlap_steps=args.overlap_steps,
-                                            fused_forward=args.fused_forward)
+                                            fused_forward=args.fused_forward, decode_steps=args.decode_steps)
         counts = sorted({max(level, args.prompts) for level in levels})
         try:
             run_executor(executor, all_prompts[: max(levels)], 4, max(levels))  # warm-up (allocations, graphs)

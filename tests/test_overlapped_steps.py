@@ -2,7 +2,9 @@
 n+1 before the host reads step n's tokens (fed to it from the device's tensor). Whatever ends a request (its length,
 its end id, a stop word, a cancel), a request gets the tokens and log probs of plain steps; seeded sampling draws the
 same; requests whose sampling needs the host's tokens (penalties) are stepped plainly beside overlapped ones;
-preemption and the graphs' static inputs give the same tokens; every block comes back."""
+preemption and the graphs' static inputs give the same tokens; every block comes back. Each holds with one step an
+iteration and with several (`decode_steps`: the steps after an iteration's first advance their inputs on the device
+and their tokens are read together)."""
 
 from __future__ import annotations
 
@@ -34,29 +36,45 @@ def plain(loaded):
     executor.shutdown()
 
 
-@pytest.fixture(scope="module")
-def overlapped(loaded):
-    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, overlap_steps=True)
+@pytest.fixture(scope="module", params=[1, 4], ids=["one-step", "four-steps"])
+def overlapped(loaded, request):
+    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, overlap_steps=True,
+                                    decode_steps=request.param)
     yield executor
     executor.shutdown()
 
 
 @contextlib.contextmanager
 def counting_fed_steps(executor: TransformersExecutor) -> Iterator[dict[str, int]]:
-    """Count the decode steps that fed a token from the device (the runner's decode, wrapped for the block)."""
-    counts = {"fed": 0, "all": 0}
-    decode = executor.runner.decode
+    """Count the decode steps that fed a token from the device ("fed"; the runner's decode and decode_next, wrapped
+    for the block) and those launched after an iteration's first ("next")."""
+    counts = {"fed": 0, "all": 0, "next": 0}
+    runner = executor.runner
+    decode, decode_next = runner.decode, runner.decode_next
 
     def counting(sequences, prefills=(), fed=None):
         counts["all"] += 1
         counts["fed"] += any(sequence.pending for sequence in sequences)
         return decode(sequences, prefills, fed) if fed is not None else decode(sequences, prefills)
 
-    executor.runner.decode = counting
+    def counting_next(sequences, fed):
+        counts["next"] += 1
+        counts["fed"] += 1
+        return decode_next(sequences, fed)
+
+    runner.decode, runner.decode_next = counting, counting_next
     try:
         yield counts
     finally:
-        del executor.runner.decode
+        del runner.decode, runner.decode_next
+
+
+def assert_steps_ahead(executor: TransformersExecutor, counts: dict[str, int]) -> None:
+    """With several decode steps an iteration, some were launched after an iteration's first; with one, none."""
+    if executor.engine.config.decode_steps > 1:
+        assert counts["next"] > 0
+    else:
+        assert counts["next"] == 0
 
 
 def outcome(steps: list[Step]) -> tuple:
@@ -78,7 +96,7 @@ def assert_same(runs: list[list[Step]], expected: list[tuple]) -> None:
 def assert_pool_empty(executor: TransformersExecutor) -> None:
     blocks = executor.engine.blocks
     assert blocks.free_blocks == blocks.num_blocks
-    assert executor.engine.in_flight is None
+    assert not executor.engine.in_flight
 
 
 @settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -101,6 +119,8 @@ def test_greedy_requests_get_the_tokens_of_plain_steps_however_they_end(plain, o
         assert_same(run_all(overlapped, every), expected)
     if max(n for _, n in requests) > 2:
         assert counts["fed"] > 0
+    if max(n for _, n in requests) > 5:
+        assert_steps_ahead(overlapped, counts)
     assert_pool_empty(overlapped)
 
 
@@ -142,10 +162,11 @@ def test_a_cancelled_request_ends_once_and_gives_its_blocks_back_with_overlapped
     assert_pool_empty(overlapped)
 
 
-def test_preempted_sequences_with_overlapped_steps_get_the_tokens_of_an_uninterrupted_run(loaded, plain):
+@pytest.mark.parametrize("decode_steps", [1, 4])
+def test_preempted_sequences_with_overlapped_steps_get_the_tokens_of_an_uninterrupted_run(loaded, plain, decode_steps):
     budget = 8 * 16 * ModelRunner(loaded.model).kv_bytes_per_token  # 8 blocks for 4 sequences of up to 48 tokens
     cramped = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=4, kv_cache_memory_bytes=budget,
-                                   overlap_steps=True)
+                                   overlap_steps=True, decode_steps=decode_steps)
     try:
         # No end id (-1): each runs to its length, 3 blocks each, 12 against the pool's 8.
         requests = [GenerationRequest(input_ids=[1, 300 + 11 * i, 42], max_tokens=36 + i, end_id=-1) for i in range(4)]
@@ -157,10 +178,12 @@ def test_preempted_sequences_with_overlapped_steps_get_the_tokens_of_an_uninterr
         cramped.shutdown()
 
 
-def test_overlapped_steps_on_the_graphs_static_inputs_give_the_same_tokens(loaded, plain):
+@pytest.mark.parametrize("decode_steps", [1, 4])
+def test_overlapped_steps_on_the_graphs_static_inputs_give_the_same_tokens(loaded, plain, decode_steps):
     """The path CUDA takes: bucketed static inputs, prompts prefilled as rows of the decode step, tokens fed into the
-    static input tensor (run here on CPU)."""
-    folded = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, overlap_steps=True)
+    static input tensor, the steps after an iteration's first advanced on the device (run here on CPU)."""
+    folded = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, overlap_steps=True,
+                                  decode_steps=decode_steps)
     folded.runner.static_shapes, folded.runner.max_graph_rows = True, 256  # as after capture_decode_graphs on CUDA
     try:
         requests = [GenerationRequest(input_ids=[1, 2, 600 + 13 * i] * (i + 1), max_tokens=9 + 2 * i) for i in range(5)]
@@ -168,6 +191,7 @@ def test_overlapped_steps_on_the_graphs_static_inputs_give_the_same_tokens(loade
         with counting_fed_steps(folded) as counts:
             assert_same(run_all(folded, requests), expected)
         assert counts["fed"] > 0
+        assert_steps_ahead(folded, counts)
         assert_pool_empty(folded)
     finally:
         folded.shutdown()

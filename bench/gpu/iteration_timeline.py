@@ -9,7 +9,8 @@ the wall time.
 
 `fake`: the forward computes nothing (zero logits), so what is left is the engine's host work; on the CPU too the
 steps then go as on CUDA (static shapes, overlapped steps), so this machine can stand in for a GPU host's Python:
-`.venv/bin/python bench/gpu/iteration_timeline.py tiny 256 15 fake` (the median round is printed last). `PREFILL_FORWARD_COST`: what
+`.venv/bin/python bench/gpu/iteration_timeline.py tiny 256 15 fake` (the median round is printed last); `DECODE_STEPS=1` sets the
+engine's decode steps an iteration (default: CUDA's, host-only too). `PREFILL_FORWARD_COST`: what
 a prompt forward counts as in `scheduler.prefill_groups`, in tokens (`inf`: every iteration's prompts in one forward). Issue 33's runs of 2026-12-04 (docs/performance.md)
 ran this script as `.gpu/timeline.py` (the same code, reformatted since).
 """
@@ -33,6 +34,11 @@ from step_profile import tiny_model  # noqa: E402
 
 from trtllm_model.embedded import runner as runner_module  # noqa: E402
 from trtllm_model.embedded.engine import Engine  # noqa: E402
+
+try:
+    from trtllm_model.embedded.engine import DEFAULT_CUDA_DECODE_STEPS
+except ImportError:  # a tree from before decode_steps (A/B runs)
+    DEFAULT_CUDA_DECODE_STEPS = None
 from trtllm_model.embedded.model_loading import load_model, load_tokenizer  # noqa: E402
 from trtllm_model.executors.transformers_executor import TransformersExecutor  # noqa: E402
 
@@ -120,8 +126,13 @@ def main() -> None:
         model = load_model(device=device, dtype=str(dtype).split(".")[1]).model
     with torch.inference_mode():
         started = time.perf_counter()
+        # DECODE_STEPS: the engine's decode steps an iteration (default: CUDA's, also host-only); unset on trees
+        # from before decode_steps (A/B runs) unless given.
+        steps = int(os.environ.get("DECODE_STEPS", "0")) or (DEFAULT_CUDA_DECODE_STEPS if fake else None)
         executor = TransformersExecutor(model, tokenizer, max_batch_size=level, max_num_tokens=8192,
-                                        overlap_steps=device == "cuda" or fake)
+                                        overlap_steps=device == "cuda" or fake,
+                                        **({"decode_steps": steps} if steps else {}))
+        print(f"decode steps an iteration: {executor.engine.config.decode_steps}", flush=True)
         if os.environ.get("PREFILL_FORWARD_COST"):
             executor.runner.prefill_forward_cost_tokens = float(os.environ["PREFILL_FORWARD_COST"])
         # getattr: the script also runs over trees from before prefill_forward_cost_tokens (A/B runs).

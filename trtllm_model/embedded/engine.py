@@ -20,6 +20,12 @@ tokens so far (guides, bias, penalties, bad words) or that return logits are ste
 step's tokens are read first. So is a step that might have to preempt (a preempted sequence's unread token, and
 its seeded draw, would be lost).
 
+Several decode steps an iteration (`decode_steps`, with overlapped steps; 4 on CUDA): while the batch only decodes and
+nothing waits to join, an iteration launches that many steps, the later ones fed on the device and their inputs
+advanced there (`ModelRunner.decode_next`), each row's blocks grown for them first. Scheduling and building inputs are
+then paid once for them, and their tokens are read together, one step per request. On an H200's host a 256-stream
+step's host work outlasted its GPU time; this spreads it over the steps.
+
 A failure the engine can pin on one request (its prefill, retried alone when it was part of a group; its sampling,
 retried row by row; its context logits) fails that request with an error step and frees its blocks; the batch
 goes on (a prefill writes only its own new blocks, and a block becomes findable by other prompts only once
@@ -58,6 +64,10 @@ log = logging.getLogger(__name__)
 # max_batch_size + this many rows).
 GRAPH_PREFILL_ROWS = 256
 
+# EngineConfig.decode_steps on CUDA, where an iteration's host work outlasted a decode step's GPU time at 256 streams
+# (H200, docs/performance.md).
+DEFAULT_CUDA_DECODE_STEPS = 4
+
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -73,6 +83,10 @@ class EngineConfig:
     # (building inputs, accepting tokens) runs while the device computes. On CPU the forward runs on this thread,
     # so there is nothing to overlap (the executor leaves it off there).
     overlap_steps: bool = False
+    # With overlapped steps: decode steps launched an iteration while the batch only decodes and nothing waits to join.
+    # The steps after the first advance their inputs on the device, so an iteration's host work (scheduling, building
+    # inputs) is paid once for all of them; their tokens are read together. 1: one step an iteration.
+    decode_steps: int = 1
 
 
 @dataclass(slots=True)
@@ -87,6 +101,14 @@ class StepInFlight:
     host_tokens: torch.Tensor
     host_log_probs: torch.Tensor
     ready: torch.cuda.Event | None  # None on CPU, where the copies are done when made
+
+
+def default_decode_steps(device: torch.device, decode_steps: int | None) -> int:
+    """`decode_steps` as given, else the device's default: `DEFAULT_CUDA_DECODE_STEPS` on CUDA; 1 on the CPU, where a
+    forward runs on the engine's own thread and no step overlaps another."""
+    if decode_steps is not None:
+        return decode_steps
+    return DEFAULT_CUDA_DECODE_STEPS if device.type == "cuda" else 1
 
 
 class EngineDead(RuntimeError):
@@ -109,8 +131,10 @@ class Engine:
         self.step_budget = StepBudget(config.max_num_tokens, config.prefill_stall_factor)
         self.running: list[Sequence] = []
         self._timed: list[Sequence] = []  # sequences with a deadline (allotted_time_ms), dropped once they end
-        self.in_flight: StepInFlight | None = None  # with overlap_steps: the last step, its tokens not read yet
-        self._host_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # two (tokens, log probs), in turn
+        # With overlap_steps: the launched steps whose tokens the host has not read yet, oldest first (the last one is
+        # what the next step feeds from).
+        self.in_flight: list[StepInFlight] = []
+        self._host_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tokens, log probs) per unread step, in turn
         self._launches = 0  # overlapped steps launched: whose turn the host buffers are
         self.iteration = 0
         self.phase_seconds: dict[str, float] = {}  # engine thread's time per phase of its iterations, summed
@@ -255,7 +279,7 @@ class Engine:
             if sequence.deadline is not None:
                 self._timed.append(sequence)
         self._publish(self._end_cancelled_and_expired(cancels, started))
-        if self.in_flight is not None and not self._may_overlap():
+        if self.in_flight and not self._may_overlap():
             self._read_in_flight()
         # A sequence whose tokens on the device already end it is not fed again: it ends when they are read.
         ending, decoding = [], []
@@ -268,8 +292,9 @@ class Engine:
         context_tokens = sum(sequence.prefill_len for sequence in admitted)  # what the prefills compute
         decoded, joined = len(decoding), len(admitted)
         joining, admitted = self._prefills_in_decode(admitted, len(decoding))
+        more_steps = self._more_decode_steps(decoding, joining or admitted)
         lap = self._lap("schedule", lap)
-        logits, done = None, []
+        logits, done, steps_run = None, [], 1  # steps_run: the decode steps launched this iteration
         if decoding or joining:
             logits, prefilled = self._decode(decoding, joining)
             if not prefilled:  # none, or their forward failed: they are prefilled apart below
@@ -292,9 +317,11 @@ class Engine:
             rows = [*decoding, *done]
             launched = self._launch_sampling(rows, len(decoding), logits) if self.config.overlap_steps else None
             if launched is not None:
+                launched = [launched, *self._launch_more_steps(decoding, launched, more_steps)]
+                steps_run = len(launched)
                 lap = self._lap("sample", lap)
                 steps = self._accept_in_flight()
-                self.in_flight = launched if rows else None
+                self.in_flight = launched
             else:
                 self._read_in_flight()  # first: the rows' sampling reads their tokens so far
                 sampled = self._sample(rows, logits)
@@ -305,7 +332,7 @@ class Engine:
             self._release_finished()  # before their final steps go out: a client that has one finds them free
             self._publish(steps)
             lap = self._lap("accept", lap)
-        if self.in_flight is not None and self._launches == launches_before:
+        if self.in_flight and self._launches == launches_before:
             self._read_in_flight()  # nothing launched this iteration: the last step's tokens are all that is left
         # Without overlapped steps (the CPU, where a forward is done when its call returns) each group's first tokens
         # go out before the next group's forward: read all at the end, TTFT p50 at 8 streams was 0.29 -> 0.40 s.
@@ -313,9 +340,9 @@ class Engine:
             self._prefill(group)
         self._release_finished()
         self.iteration += 1
-        self._record_stats(decoded, joined, context_tokens)
+        self._record_stats(decoded, joined, context_tokens, decoded * steps_run)
         self._lap("prefill", lap)
-        self.step_budget.observe(decoded, context_tokens, time.monotonic() - started)
+        self.step_budget.observe(decoded, context_tokens, (time.monotonic() - started) / steps_run)
         return True
 
     # -- overlapped steps ------------------------------------------------------------------------------------------
@@ -331,6 +358,42 @@ class Engine:
             if beyond > 0:
                 needed += -(-beyond // block_size)
         return needed <= self.blocks.free_blocks
+
+    def _more_decode_steps(self, decoding: list[Sequence], prompts: list[Sequence]) -> int:
+        """How many decode steps to launch after this iteration's first (`decode_steps` - 1), each row's blocks grown
+        for them now: while the batch only decodes, nothing waits to join (a newcomer is not held back by steps
+        launched ahead), every row samples on the device, and the pool holds the blocks without preempting anyone.
+        Else 0. A row that ends within them has the rest of its rows computed for nothing, as with one step ahead."""
+        more = self.config.decode_steps - 1
+        if (more <= 0 or not self.config.overlap_steps or not decoding or prompts or self._incoming
+                or self.scheduler.waiting or self.scheduler.prefilling):
+            return 0
+        block_size, needed, limit = self.blocks.block_size, 0, self.runner.max_positions
+        for sequence in decoding:  # one pass, plain arithmetic: every iteration asks it of every row
+            tokens = len(sequence.token_ids) + sequence.pending + more  # the last of them is fed at tokens - 1
+            if not sequence.overlappable or tokens > limit:
+                return 0
+            beyond = tokens - len(sequence.blocks.block_ids) * block_size
+            if beyond > 0:
+                needed += -(-beyond // block_size)
+        if needed > self.blocks.free_blocks:
+            return 0
+        if needed:
+            for sequence in decoding:
+                self.blocks.grow(sequence.blocks, len(sequence.token_ids) + sequence.pending + more)
+        return more
+
+    def _launch_more_steps(self, decoding: list[Sequence], launched: StepInFlight, count: int) -> list[StepInFlight]:
+        """Up to `count` more decode steps of the same rows, each fed the tokens sampled by the one before on the
+        device (`ModelRunner.decode_next`); stops early where a step's sampling cannot be launched (its forward's
+        keys and values are then written again by the next step)."""
+        steps = []
+        for _ in range(count):
+            launched = self._launch_sampling(decoding, len(decoding), self.runner.decode_next(decoding, launched.tokens))
+            if launched is None:
+                break
+            steps.append(launched)
+        return steps
 
     def _launch_sampling(self, rows: list[Sequence], decoding: int, logits: torch.Tensor) -> StepInFlight | None:
         """Sample the rows on the device and start the tokens' copy to the host, without waiting for either; None
@@ -371,10 +434,11 @@ class Engine:
         return StepInFlight(rows, decoding, tokens, host_tokens, host_log_probs, ready)
 
     def _host_buffer(self, rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Host tensors for a step's tokens and log probs, two sets used in turn (one is read while the other fills);
+        """Host tensors for a step's tokens and log probs, sets used in turn (the unread steps' are read while another fills);
         pinned on CUDA so the copies do not wait for the device."""
         pinned = self.runner.device.type == "cuda"
-        turn = self._launches % 2  # the in-flight step (unread) holds the other
+        # Up to decode_steps unread steps from the last iteration while this one launches as many.
+        turn = self._launches % (2 * max(1, self.config.decode_steps))
         while len(self._host_buffers) <= turn or self._host_buffers[turn][0].numel() < rows:
             size = max(rows, self.config.max_batch_size)
             buffers = (torch.empty(size, dtype=torch.long, pin_memory=pinned),
@@ -387,11 +451,22 @@ class Engine:
         return tokens[:rows], log_probs[:rows]
 
     def _accept_in_flight(self) -> list[Step]:
-        """The in-flight step's tokens, read (waiting for them if need be) and accepted; its rows that ended
-        meanwhile (cancelled, or ended by the tokens read before) are skipped."""
-        launched, self.in_flight = self.in_flight, None
-        if launched is None:
-            return []
+        """The in-flight steps' tokens, read (waiting for them if need be) and accepted, oldest first: one step per
+        request. Rows that ended meanwhile (cancelled, or ended by the tokens read before) are skipped."""
+        launched, self.in_flight = self.in_flight, []
+        if len(launched) == 1:
+            return self._accept_launched(launched[0])
+        merged: dict[int, Step] = {}
+        for step_in_flight in launched:
+            for step in self._accept_launched(step_in_flight):
+                if step.request_id in merged:
+                    _merge_step(merged[step.request_id], step)
+                else:
+                    merged[step.request_id] = step
+        return list(merged.values())
+
+    def _accept_launched(self, launched: StepInFlight) -> list[Step]:
+        """One launched step's tokens, read and accepted."""
         if launched.ready is not None:
             launched.ready.synchronize()
         tokens = launched.host_tokens.tolist()
@@ -411,8 +486,8 @@ class Engine:
         return steps
 
     def _read_in_flight(self) -> None:
-        """Accept and publish the in-flight step's tokens now (before a step whose sampling needs them)."""
-        if self.in_flight is not None:
+        """Accept and publish the in-flight steps' tokens now (before a step whose sampling needs them)."""
+        if self.in_flight:
             steps = self._accept_in_flight()
             self._release_finished()
             self._publish(steps)
@@ -449,7 +524,7 @@ class Engine:
         failure of theirs stays theirs). A failed forward of the batch alone is nobody's in particular: it stops
         the engine (see _run)."""
         # The in-flight step's tokens, for the sequences fed from the device (only passed when there are some).
-        fed = {"fed": self.in_flight.tokens} if self.in_flight is not None else {}
+        fed = {"fed": self.in_flight[-1].tokens} if self.in_flight else {}
         if joining:
             try:
                 return self.runner.decode(decoding, joining, **fed), joining
@@ -609,7 +684,8 @@ class Engine:
             self._release(sequence)
         self.running = [sequence for sequence in self.running if sequence.status is not FINISHED]
 
-    def _record_stats(self, decoded: int, admitted: int, context_tokens: int) -> None:
+    def _record_stats(self, decoded: int, admitted: int, context_tokens: int, decode_tokens: int) -> None:
+        """`decode_tokens`: the tokens the iteration's decode steps computed (one a decoding row a step)."""
         blocks = self.blocks
         looked_up = blocks.total_reused + blocks.total_missed
         reuse = blocks.enable_reuse
@@ -627,7 +703,7 @@ class Engine:
             context_requests=admitted,
             generation_requests=decoded,
             context_tokens=context_tokens,
-            tokens_in_step=decoded + context_tokens,
+            tokens_in_step=decode_tokens + context_tokens,
             gpu_mem_bytes=gpu_bytes,
             cpu_mem_bytes=self._host_bytes,
             pinned_mem_bytes=0,  # nothing here is allocated in pinned host memory

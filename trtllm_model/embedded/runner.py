@@ -75,6 +75,7 @@ class ModelRunner:
         self.prefill_forward_cost_tokens: float = 4096.0 if self.device.type == "cuda" else 64.0
         self.pool: KvBlockPool | None = None
         self._static_inputs: dict[tuple[int, int], StepInputs] = {}  # (rows, width) -> that bucket's tensors
+        self._last_decode: StepInputs | None = None  # the last decode step's static inputs (no prompt rows), for decode_next
         self.cuda_graphs = cuda_graphs and self.static_shapes and self.device.type == "cuda"
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, logits)
         self._graph_pool = None
@@ -168,6 +169,25 @@ class ModelRunner:
             logits[to_device(rows, self.device, torch.long)] = self._decode_rows([sequences[r] for r in rows], (), fed)
         return logits
 
+    def decode_next(self, sequences: list[Sequence], fed: torch.Tensor) -> torch.Tensor:
+        """The decode step right after the last `decode` (or `decode_next`) of the same rows, each row one position
+        on and fed its token from `fed` (the last step's sampled tokens, on the device): `[len(sequences), vocab]`
+        logits. Each row's blocks must already cover its new position. With static shapes the last step's inputs are
+        advanced on the device, nothing built on the host (the point of several steps an iteration); else they are
+        built again."""
+        inputs = self._last_decode
+        if inputs is None:
+            return self.decode(sequences, fed=fed)
+        block_size = self.pool.block_size
+        positions = inputs.positions[:, 0]
+        positions.add_(1)  # padding rows too: they stay in the trash block's first block_size positions
+        blocks = inputs.block_tables.gather(1, torch.div(positions, block_size, rounding_mode="floor")[:, None])
+        torch.add(blocks[:, 0] * block_size, positions % block_size, out=inputs.slot_mapping)
+        inputs.input_ids[: len(sequences), 0] = fed[: len(sequences)]
+        if self.cuda_graphs:
+            return self._graph_logits(inputs)[: len(sequences)].clone()
+        return self._forward(inputs)[: len(sequences)]
+
     @property
     def mixes_prompts(self) -> bool:
         """Whether a decode step's forward takes prompt chunks as chunks (several queries a row) beside its decoding
@@ -235,6 +255,7 @@ class ModelRunner:
             keep = to_device(torch.from_numpy(last_rows), self.device)
         inputs = self._static_copy(inputs) if self.static_shapes else self._on_device(inputs)
         self._feed_device_tokens(inputs.input_ids, sequences, fed)
+        self._last_decode = inputs if self.static_shapes and not prefills else None
         return inputs, keep
 
     def _feed_device_tokens(self, input_ids: torch.Tensor, sequences: list[Sequence], fed: torch.Tensor | None) -> None:

@@ -49,8 +49,9 @@ class Sequence:
     prefill_end: int = 0  # while prefilling: num_computed once this step's chunk is computed
     guide: Any = None  # xgrammar GrammarMatcher of a guided request (set by the executor at enqueue)
     cache_salt: str | None = None  # shares cached blocks only with sequences of the same salt
-    # Overlapped steps (engine.py): tokens sampled on the device that the host has not read yet, and the row of the
-    # newest one in the in-flight step's sampled tokens (what the next step feeds this sequence).
+    # Overlapped steps (engine.py): tokens sampled on the device that the host has not read yet (up to two
+    # iterations' decode steps), and the row of the newest one in the last launched step's sampled tokens (what the
+    # next step feeds this sequence).
     pending: int = 0
     device_row: int = 0
     # `may_overlap()`, set by the engine when it takes the sequence (the guide is known by then); a field, not a

@@ -177,7 +177,7 @@ def build_engine(spec: EngineSpec, send_steps: Callable[[list[Step]], None]):
     import torch
 
     from ..embedded.cpu_share import FreeCoreThreads
-    from ..embedded.engine import Engine, EngineConfig
+    from ..embedded.engine import Engine, EngineConfig, default_decode_steps
     from ..embedded.kv_budget import DEFAULT_FREE_GPU_MEM_FRACTION, KvBudget, default_kv_cache_bytes
     from ..embedded.model_loading import load_model
     from ..embedded.runner import ModelRunner
@@ -196,7 +196,8 @@ def build_engine(spec: EngineSpec, send_steps: Callable[[list[Step]], None]):
     budget = KvBudget(memory, runner.kv_bytes_per_token)
     overlap = runner.device.type == "cuda" if spec.overlap_steps is None else spec.overlap_steps
     engine = Engine(runner, EngineConfig(spec.max_batch_size, spec.max_num_tokens, budget, spec.stats_max_iterations,
-                                         spec.enable_kv_cache_reuse, spec.prefill_stall_factor, overlap), send_steps)
+                                         spec.enable_kv_cache_reuse, spec.prefill_stall_factor, overlap,
+                                         default_decode_steps(runner.device, spec.decode_steps)), send_steps)
     eos = getattr(getattr(loaded.model, "generation_config", None), "eos_token_id", None)
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None

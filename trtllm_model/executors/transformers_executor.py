@@ -42,6 +42,11 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    step's tokens (they are fed on the device), so the host's work of a step runs while the device
                    computes; requests with a guide, bias, penalties, bad words or logits to return are stepped
                    one at a time whenever they run. false: every step waits for its tokens. Ignored on CPU
+  decode_steps     with overlap_steps: decode steps launched per engine iteration while the batch only decodes and
+                   nothing waits to join (default 4 on CUDA, 1 on CPU). The steps after the first advance their
+                   inputs on the device, so the host's work of an iteration is paid once for them; a stream's tokens
+                   then come up to this many at a time, and a request that ends within them has the rest computed
+                   for nothing
   fused_forward    true (the default): a Llama-family model's forwards run as a few pieces between the paged
                    attentions (embedded/fused_forward.py). On CUDA they are torch.compile'd at load and replayed
                    inside the CUDA graphs; on CPU they run eagerly, and a step's prompt chunks share its decode
@@ -62,7 +67,7 @@ import threading
 import torch
 
 from ..embedded.cpu_share import FreeCoreThreads
-from ..embedded.engine import Engine, EngineConfig, EngineDead
+from ..embedded.engine import Engine, EngineConfig, EngineDead, default_decode_steps
 from ..embedded.guided import (
     DEFAULT_GUIDE_COMPILE_TIMEOUT_S,
     DEFAULT_MAX_GUIDE_BYTES,
@@ -100,7 +105,7 @@ log = logging.getLogger(__name__)
 PARAMETERS = frozenset(
     {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes",
      "engine_process", "enable_kv_cache_reuse", "cuda_graphs", "max_guide_bytes", "guide_compile_timeout_s",
-     "engine_heartbeat_timeout_s", "prefill_stall_factor", "overlap_steps", "fused_forward"}
+     "engine_heartbeat_timeout_s", "prefill_stall_factor", "overlap_steps", "decode_steps", "fused_forward"}
 )
 
 DEFAULT_MAX_BATCH_SIZE = 64
@@ -138,15 +143,17 @@ class TransformersExecutor(Executor):
         prefill_stall_factor: float = 0.0,
         overlap_steps: bool | None = None,
         fused_forward: bool | None = None,
+        decode_steps: int | None = None,
     ) -> None:
-        """The engine on a thread of this process (`overlap_steps` None: on CUDA only; `fused_forward` None: for
-        the models it supports)."""
+        """The engine on a thread of this process (`overlap_steps` None: on CUDA only; `decode_steps` None: the
+        device's default; `fused_forward` None: for the models it supports)."""
         self.runner = ModelRunner(model, cuda_graphs=cuda_graphs, fused_forwards=fused_forward)
         memory = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else default_kv_cache_bytes(self.runner.device)
         budget = KvBudget(memory, self.runner.kv_bytes_per_token, kv_block_size)
         overlap = self.runner.device.type == "cuda" if overlap_steps is None else overlap_steps
         engine = Engine(self.runner, EngineConfig(max_batch_size, max_num_tokens, budget, stats_max_iterations,
-                                                  enable_kv_cache_reuse, prefill_stall_factor, overlap))
+                                                  enable_kv_cache_reuse, prefill_stall_factor, overlap,
+                                                  default_decode_steps(self.runner.device, decode_steps)))
         self._start(engine, tokenizer, self.runner.vocab_size, self.runner.max_positions, budget,
                     _end_id_of(model, tokenizer), max_batch_size, max_num_tokens, max_input_len, max_output_len,
                     max_queue_size)
@@ -332,6 +339,7 @@ def create(params: Params) -> Executor:
     stall_factor = params.float("prefill_stall_factor", DEFAULT_CPU_STALL_FACTOR if device == "cpu" else 0.0,
                                 minimum=0.0)
     overlap = params.bool("overlap_steps", True) and device != "cpu"
+    decode_steps = params.int("decode_steps", None, minimum=1)
     fused = params.bool("fused_forward", True)
     guide_limits = (params.int("max_guide_bytes", DEFAULT_MAX_GUIDE_BYTES, minimum=1),
                     params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001))
@@ -345,7 +353,7 @@ def create(params: Params) -> Executor:
             kv_cache_free_gpu_mem_fraction=fraction, stats_max_iterations=stats_max_iterations,
             enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
             cuda_graphs=params.bool("cuda_graphs", True), guide_compile_timeout_s=guide_limits[1],
-            prefill_stall_factor=stall_factor, overlap_steps=overlap, fused_forward=fused,
+            prefill_stall_factor=stall_factor, overlap_steps=overlap, fused_forward=fused, decode_steps=decode_steps,
         )
         executor = TransformersExecutor.in_worker_process(
             spec,
@@ -387,6 +395,7 @@ def create(params: Params) -> Executor:
         prefill_stall_factor=stall_factor,
         overlap_steps=overlap,
         fused_forward=fused,
+        decode_steps=decode_steps,
     ), guide_limits)
 
 
