@@ -3,8 +3,8 @@ n+1 before the host reads step n's tokens (fed to it from the device's tensor). 
 its end id, a stop word, a cancel), a request gets the tokens and log probs of plain steps; seeded sampling draws the
 same; requests whose sampling needs the host's tokens (penalties) are stepped plainly beside overlapped ones;
 preemption and the graphs' static inputs give the same tokens; every block comes back. Each holds with one step an
-iteration and with several (`decode_steps`: the steps after an iteration's first advance their inputs on the device
-and their tokens are read together)."""
+iteration and with several greedy steps launched at once (`decode_steps`: each step fed the last one's argmax on the
+device, their tokens read together)."""
 
 from __future__ import annotations
 
@@ -46,35 +46,36 @@ def overlapped(loaded, request):
 
 @contextlib.contextmanager
 def counting_fed_steps(executor: TransformersExecutor) -> Iterator[dict[str, int]]:
-    """Count the decode steps that fed a token from the device ("fed"; the runner's decode and decode_next, wrapped
-    for the block) and those launched after an iteration's first ("next")."""
-    counts = {"fed": 0, "all": 0, "next": 0}
+    """Count the decode launches that fed a token from the device ("fed"; the runner's decode and decode_greedy,
+    wrapped for the block) and the launches of several greedy steps ("greedy")."""
+    counts = {"fed": 0, "all": 0, "greedy": 0}
     runner = executor.runner
-    decode, decode_next = runner.decode, runner.decode_next
+    decode, decode_greedy = runner.decode, runner.decode_greedy
 
     def counting(sequences, prefills=(), fed=None):
         counts["all"] += 1
         counts["fed"] += any(sequence.pending for sequence in sequences)
         return decode(sequences, prefills, fed) if fed is not None else decode(sequences, prefills)
 
-    def counting_next(sequences, fed):
-        counts["next"] += 1
-        counts["fed"] += 1
-        return decode_next(sequences, fed)
+    def counting_greedy(sequences, fed, steps, end_ids, bans):
+        counts["all"] += 1
+        counts["greedy"] += 1
+        counts["fed"] += any(sequence.pending for sequence in sequences)
+        return decode_greedy(sequences, fed, steps, end_ids, bans)
 
-    runner.decode, runner.decode_next = counting, counting_next
+    runner.decode, runner.decode_greedy = counting, counting_greedy
     try:
         yield counts
     finally:
-        del runner.decode, runner.decode_next
+        del runner.decode, runner.decode_greedy
 
 
-def assert_steps_ahead(executor: TransformersExecutor, counts: dict[str, int]) -> None:
-    """With several decode steps an iteration, some were launched after an iteration's first; with one, none."""
+def assert_greedy_steps(executor: TransformersExecutor, counts: dict[str, int]) -> None:
+    """With several decode steps an iteration, some greedy ones were launched at once; with one, none."""
     if executor.engine.config.decode_steps > 1:
-        assert counts["next"] > 0
+        assert counts["greedy"] > 0
     else:
-        assert counts["next"] == 0
+        assert counts["greedy"] == 0
 
 
 def outcome(steps: list[Step]) -> tuple:
@@ -119,9 +120,36 @@ def test_greedy_requests_get_the_tokens_of_plain_steps_however_they_end(plain, o
         assert_same(run_all(overlapped, every), expected)
     if max(n for _, n in requests) > 2:
         assert counts["fed"] > 0
-    if max(n for _, n in requests) > 5:
-        assert_steps_ahead(overlapped, counts)
     assert_pool_empty(overlapped)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static-inputs"])
+def test_greedy_steps_give_the_tokens_of_plain_steps_however_requests_end(loaded, plain, static):
+    """Greedy requests ending at their length (some within one launch of four steps), on their end id and on a stop
+    word: the tokens of plain steps, with four greedy steps launched at once whenever the batch only decodes. `static`: the graphs' bucketed inputs, advanced in place (the path CUDA replays)."""
+    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, overlap_steps=True,
+                                    decode_steps=4)
+    if static:
+        executor.runner.static_shapes, executor.runner.max_graph_rows = True, 256  # as after capture on CUDA
+    try:
+        base = [GenerationRequest(input_ids=[1, 800 + 7 * i, 31], max_tokens=[1, 2, 3, 5, 17, 30][i]) for i in range(6)]
+        reference = [outcome(steps) for steps in run_all(plain, base)]
+        # The same prompts ending on a token they produce: an end id, a stop word of two tokens, and an end id
+        # banned (on the device) until 8 outputs.
+        ending = [GenerationRequest(input_ids=base[5].input_ids, max_tokens=30, end_id=reference[5][0][9]),
+                  GenerationRequest(input_ids=base[4].input_ids, max_tokens=30, stop_words=[reference[4][0][6:8]]),
+                  GenerationRequest(input_ids=base[5].input_ids, max_tokens=12, min_tokens=8,
+                                    end_id=reference[5][0][1])]
+        requests = [*base, *ending]
+        expected = [outcome(steps) for steps in run_all(plain, requests)]
+        assert [end for _, _, end, _ in expected[-3:-1]] == [FinishReason.END_ID, FinishReason.STOP_WORDS]
+        assert len(expected[-1][0]) >= 8
+        with counting_fed_steps(executor) as counts:
+            assert_same(run_all(executor, requests), expected)
+        assert counts["greedy"] > 0
+        assert_pool_empty(executor)
+    finally:
+        executor.shutdown()
 
 
 def test_seeded_sampling_draws_the_same_with_overlapped_steps(plain, overlapped):
@@ -191,7 +219,7 @@ def test_overlapped_steps_on_the_graphs_static_inputs_give_the_same_tokens(loade
         with counting_fed_steps(folded) as counts:
             assert_same(run_all(folded, requests), expected)
         assert counts["fed"] > 0
-        assert_steps_ahead(folded, counts)
+        assert_greedy_steps(folded, counts)
         assert_pool_empty(folded)
     finally:
         folded.shutdown()
@@ -208,6 +236,7 @@ def test_min_tokens_holds_on_the_device_with_overlapped_steps(plain, overlapped)
     with counting_fed_steps(overlapped) as counts:
         assert_same(run_all(overlapped, requests), expected)
     assert counts["fed"] > 0
+    assert_greedy_steps(overlapped, counts)
     assert_pool_empty(overlapped)
 
 

@@ -81,7 +81,9 @@ class Params:
             raise ConfigError(f"parameter {key}={value!r}: expected one of {', '.join(sorted(choices))}")
         return value
 
-    def int(self, key: str, default: int | None = None, minimum: int | None = None) -> int | None:
+    def int(
+        self, key: str, default: int | None = None, minimum: int | None = None, maximum: int | None = None
+    ) -> int | None:
         value = self.str(key)
         if value is None:
             return default
@@ -91,6 +93,8 @@ class Params:
             raise ConfigError(f"parameter {key}={value!r}: expected an integer") from None
         if minimum is not None and number < minimum:
             raise ConfigError(f"parameter {key}={number}: must be at least {minimum}")
+        if maximum is not None and number > maximum:
+            raise ConfigError(f"parameter {key}={number}: must be at most {maximum}")
         return number
 
     def float(

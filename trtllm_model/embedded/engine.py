@@ -20,11 +20,12 @@ tokens so far (guides, bias, penalties, bad words) or that return logits are ste
 step's tokens are read first. So is a step that might have to preempt (a preempted sequence's unread token, and
 its seeded draw, would be lost).
 
-Several decode steps an iteration (`decode_steps`, with overlapped steps; 4 on CUDA): while the batch only decodes and
-nothing waits to join, an iteration launches that many steps, the later ones fed on the device and their inputs
-advanced there (`ModelRunner.decode_next`), each row's blocks grown for them first. Scheduling and building inputs are
-then paid once for them, and their tokens are read together, one step per request. On an H200's host a 256-stream
-step's host work outlasted its GPU time; this spreads it over the steps.
+Several greedy decode steps an iteration (`decode_steps`, with overlapped steps; 4 on CUDA): while the batch only
+decodes, nothing waits to join and every row is a plain argmax, an iteration launches that many steps at once
+(`ModelRunner.decode_greedy`: one CUDA graph, each step fed the last one's argmax on the device, its inputs advanced
+there), each row's blocks grown for them first. Scheduling, building inputs and launching are then paid once for them,
+and their tokens are read together, one step per request. On an H200's host a 256-stream step's host work outlasted
+its GPU time; this spreads it over the steps.
 
 A failure the engine can pin on one request (its prefill, retried alone when it was part of a group; its sampling,
 retried row by row; its context logits) fails that request with an error step and frees its blocks; the batch
@@ -111,6 +112,16 @@ def default_decode_steps(device: torch.device, decode_steps: int | None) -> int:
     return DEFAULT_CUDA_DECODE_STEPS if device.type == "cuda" else 1
 
 
+@dataclass(slots=True)
+class GreedySteps:
+    """Greedy decode steps an iteration launches at once: how many, and each row's end id and the steps it is
+    banned in (min_tokens; 0 or less: none)."""
+
+    steps: int
+    end_ids: list[int]
+    bans: list[int]
+
+
 class EngineDead(RuntimeError):
     """The engine thread stopped (failure or shutdown); the message says which."""
 
@@ -136,6 +147,8 @@ class Engine:
         self.in_flight: list[StepInFlight] = []
         self._host_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tokens, log probs) per unread step, in turn
         self._launches = 0  # overlapped steps launched: whose turn the host buffers are
+        self._greedy_launches = 0  # launches of several greedy steps: whose turn `_greedy_buffers` are
+        self._greedy_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # ([steps, rows] tokens, log probs), in turn
         self.iteration = 0
         self.phase_seconds: dict[str, float] = {}  # engine thread's time per phase of its iterations, summed
 
@@ -241,7 +254,9 @@ class Engine:
         """Before the first request (they wait meanwhile): the decode steps' CUDA graphs and the prompt forwards'
         compiles, if the runner has them."""
         started = time.monotonic()
-        captured = self.runner.capture_decode_graphs(self.config.max_batch_size + GRAPH_PREFILL_ROWS)
+        greedy_steps = self.config.decode_steps if self.config.overlap_steps else 1
+        captured = self.runner.capture_decode_graphs(self.config.max_batch_size + GRAPH_PREFILL_ROWS, greedy_steps,
+                                                     self.config.max_batch_size)
         if captured:
             log.info("captured %d decode graphs in %.1f s", captured, time.monotonic() - started)
         started = time.monotonic()
@@ -292,10 +307,15 @@ class Engine:
         context_tokens = sum(sequence.prefill_len for sequence in admitted)  # what the prefills compute
         decoded, joined = len(decoding), len(admitted)
         joining, admitted = self._prefills_in_decode(admitted, len(decoding))
-        more_steps = self._more_decode_steps(decoding, joining or admitted)
+        greedy = self._greedy_steps_ahead(decoding, joining or admitted)
         lap = self._lap("schedule", lap)
-        logits, done, steps_run = None, [], 1  # steps_run: the decode steps launched this iteration
-        if decoding or joining:
+        logits, done, launched = None, [], []
+        if greedy:
+            launched = self._launch_greedy_steps(decoding, greedy)
+            for sequence in decoding:
+                self._computed(sequence, len(sequence.token_ids))
+            lap = self._lap("decode", lap)
+        elif decoding or joining:
             logits, prefilled = self._decode(decoding, joining)
             if not prefilled:  # none, or their forward failed: they are prefilled apart below
                 admitted = [*joining, *admitted]
@@ -313,12 +333,12 @@ class Engine:
                 logits = apart_logits if logits is None else torch.cat([logits, apart_logits])
                 done += apart
             lap = self._lap("prefill", lap)
-        if logits is not None:
+        if logits is not None or launched:
             rows = [*decoding, *done]
-            launched = self._launch_sampling(rows, len(decoding), logits) if self.config.overlap_steps else None
-            if launched is not None:
-                launched = [launched, *self._launch_more_steps(decoding, launched, more_steps)]
-                steps_run = len(launched)
+            if not launched and self.config.overlap_steps:
+                single = self._launch_sampling(rows, len(decoding), logits)
+                launched = [single] if single is not None else []
+            if launched:
                 lap = self._lap("sample", lap)
                 steps = self._accept_in_flight()
                 self.in_flight = launched
@@ -340,6 +360,7 @@ class Engine:
             self._prefill(group)
         self._release_finished()
         self.iteration += 1
+        steps_run = greedy.steps if greedy else 1  # decode steps this iteration
         self._record_stats(decoded, joined, context_tokens, decoded * steps_run)
         self._lap("prefill", lap)
         self.step_budget.observe(decoded, context_tokens, (time.monotonic() - started) / steps_run)
@@ -359,41 +380,71 @@ class Engine:
                 needed += -(-beyond // block_size)
         return needed <= self.blocks.free_blocks
 
-    def _more_decode_steps(self, decoding: list[Sequence], prompts: list[Sequence]) -> int:
-        """How many decode steps to launch after this iteration's first (`decode_steps` - 1), each row's blocks grown
-        for them now: while the batch only decodes, nothing waits to join (a newcomer is not held back by steps
-        launched ahead), every row samples on the device, and the pool holds the blocks without preempting anyone.
-        Else 0. A row that ends within them has the rest of its rows computed for nothing, as with one step ahead."""
-        more = self.config.decode_steps - 1
-        if (more <= 0 or not self.config.overlap_steps or not decoding or prompts or self._incoming
+    def _greedy_steps_ahead(self, decoding: list[Sequence], prompts: list[Sequence]) -> GreedySteps | None:
+        """`decode_steps` steps to launch at once (`_launch_greedy_steps`), each row's blocks grown for them now; None
+        for one step. They run while the batch only decodes, nothing waits to join (a newcomer is not held back by
+        steps launched ahead), every row is a plain argmax that may overlap (greedy, no log probs, nothing processed
+        on the host; its end id banned on the device while short of min_tokens), and the pool holds the blocks
+        without preempting anyone. A row that ends within them has the rest of its steps computed for nothing, as
+        with one step ahead."""
+        steps = self.config.decode_steps
+        if (steps <= 1 or not self.config.overlap_steps or not decoding or prompts or self._incoming
                 or self.scheduler.waiting or self.scheduler.prefilling):
-            return 0
+            return None
         block_size, needed, limit = self.blocks.block_size, 0, self.runner.max_positions
+        end_ids, bans = [], []
         for sequence in decoding:  # one pass, plain arithmetic: every iteration asks it of every row
-            tokens = len(sequence.token_ids) + sequence.pending + more  # the last of them is fed at tokens - 1
-            if not sequence.overlappable or tokens > limit:
-                return 0
-            beyond = tokens - len(sequence.blocks.block_ids) * block_size
+            sampling = sequence.sampling
+            tokens = len(sequence.token_ids) + sequence.pending  # what it has once its tokens so far are read
+            if not sequence.overlappable or not sampling.greedy or sampling.log_probs or tokens + steps - 1 > limit:
+                return None
+            # Its end id is banned in the steps before its output reaches min_tokens (as `bans_end_id` says a step).
+            if sampling.min_tokens and sequence.end_id is not None:
+                end_ids.append(sequence.end_id)
+                bans.append(sampling.min_tokens - tokens + sequence.prompt_len)
+            else:
+                end_ids.append(0)
+                bans.append(0)
+            beyond = tokens + steps - 1 - len(sequence.blocks.block_ids) * block_size  # the last step feeds that token
             if beyond > 0:
                 needed += -(-beyond // block_size)
         if needed > self.blocks.free_blocks:
-            return 0
+            return None
         if needed:
             for sequence in decoding:
-                self.blocks.grow(sequence.blocks, len(sequence.token_ids) + sequence.pending + more)
-        return more
+                self.blocks.grow(sequence.blocks, len(sequence.token_ids) + sequence.pending + steps - 1)
+        return GreedySteps(steps, end_ids, bans)
 
-    def _launch_more_steps(self, decoding: list[Sequence], launched: StepInFlight, count: int) -> list[StepInFlight]:
-        """Up to `count` more decode steps of the same rows, each fed the tokens sampled by the one before on the
-        device (`ModelRunner.decode_next`); stops early where a step's sampling cannot be launched (its forward's
-        keys and values are then written again by the next step)."""
-        steps = []
-        for _ in range(count):
-            launched = self._launch_sampling(decoding, len(decoding), self.runner.decode_next(decoding, launched.tokens))
-            if launched is None:
-                break
-            steps.append(launched)
-        return steps
+    def _launch_greedy_steps(self, decoding: list[Sequence], greedy: GreedySteps) -> list[StepInFlight]:
+        """`steps` decode steps of the rows in one launch (`ModelRunner.decode_greedy`: each step fed the last one's
+        argmax on the device), their tokens' copy to the host started: one StepInFlight a step, oldest first."""
+        fed = self.in_flight[-1].tokens if self.in_flight else None
+        steps = greedy.steps
+        tokens = self.runner.decode_greedy(decoding, fed, steps, greedy.end_ids, greedy.bans)
+        rows = len(decoding)
+        pinned = self.runner.device.type == "cuda"
+        turn = self._greedy_launches % 2  # the last iteration's steps may be unread
+        host, log_probs = self._greedy_buffers[turn] if len(self._greedy_buffers) > turn else (None, None)
+        if host is None or host.shape[0] < steps or host.shape[1] < rows:
+            size = max(rows, self.config.max_batch_size)
+            host = torch.empty((steps, size), dtype=torch.long, pin_memory=pinned)
+            log_probs = torch.zeros(size, dtype=torch.float32)  # never read: no row returns log probs
+            if len(self._greedy_buffers) > turn:
+                self._greedy_buffers[turn] = (host, log_probs)
+            else:
+                self._greedy_buffers.append((host, log_probs))
+        host = host[:steps, :rows]
+        host.copy_(tokens, non_blocking=True)
+        ready = None
+        if tokens.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        for row, sequence in enumerate(decoding):
+            sequence.pending += steps
+            sequence.device_row = row
+        self._launches += 1
+        self._greedy_launches += 1
+        return [StepInFlight(decoding, rows, tokens[step], host[step], log_probs[:rows], ready) for step in range(steps)]
 
     def _launch_sampling(self, rows: list[Sequence], decoding: int, logits: torch.Tensor) -> StepInFlight | None:
         """Sample the rows on the device and start the tokens' copy to the host, without waiting for either; None
@@ -434,11 +485,10 @@ class Engine:
         return StepInFlight(rows, decoding, tokens, host_tokens, host_log_probs, ready)
 
     def _host_buffer(self, rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Host tensors for a step's tokens and log probs, sets used in turn (the unread steps' are read while another fills);
+        """Host tensors for a step's tokens and log probs, two sets used in turn (one is read while the other fills);
         pinned on CUDA so the copies do not wait for the device."""
         pinned = self.runner.device.type == "cuda"
-        # Up to decode_steps unread steps from the last iteration while this one launches as many.
-        turn = self._launches % (2 * max(1, self.config.decode_steps))
+        turn = self._launches % 2  # the in-flight step (unread) holds the other
         while len(self._host_buffers) <= turn or self._host_buffers[turn][0].numel() < rows:
             size = max(rows, self.config.max_batch_size)
             buffers = (torch.empty(size, dtype=torch.long, pin_memory=pinned),

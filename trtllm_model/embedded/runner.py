@@ -75,9 +75,11 @@ class ModelRunner:
         self.prefill_forward_cost_tokens: float = 4096.0 if self.device.type == "cuda" else 64.0
         self.pool: KvBlockPool | None = None
         self._static_inputs: dict[tuple[int, int], StepInputs] = {}  # (rows, width) -> that bucket's tensors
-        self._last_decode: StepInputs | None = None  # the last decode step's static inputs (no prompt rows), for decode_next
         self.cuda_graphs = cuda_graphs and self.static_shapes and self.device.type == "cuda"
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, logits)
+        # (rows, width, steps) -> (graph, [steps, rows] tokens): `decode_greedy`'s steps as one graph
+        self._greedy_graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._greedy_bans: dict[int, torch.Tensor] = {}  # rows -> `[2, rows]` end ids and ban steps (static on CUDA)
         self._graph_pool = None
         self.max_graph_rows = 0  # rows of the largest captured bucket (capture_decode_graphs)
         self._eager_buckets: set[tuple[int, int]] = set()  # not captured: the GPU memory left was too little
@@ -106,6 +108,7 @@ class ModelRunner:
         self._forward_cost_blocks = weights / (self.kv_bytes_per_token * block_size)
         self._static_inputs.clear()
         self._graphs.clear()  # they captured the old pool's addresses
+        self._greedy_graphs.clear()
         self._eager_buckets.clear()
         return self.pool
 
@@ -169,24 +172,46 @@ class ModelRunner:
             logits[to_device(rows, self.device, torch.long)] = self._decode_rows([sequences[r] for r in rows], (), fed)
         return logits
 
-    def decode_next(self, sequences: list[Sequence], fed: torch.Tensor) -> torch.Tensor:
-        """The decode step right after the last `decode` (or `decode_next`) of the same rows, each row one position
-        on and fed its token from `fed` (the last step's sampled tokens, on the device): `[len(sequences), vocab]`
-        logits. Each row's blocks must already cover its new position. With static shapes the last step's inputs are
-        advanced on the device, nothing built on the host (the point of several steps an iteration); else they are
-        built again."""
-        inputs = self._last_decode
-        if inputs is None:
-            return self.decode(sequences, fed=fed)
+    def decode_greedy(
+        self, sequences: list[Sequence], fed: torch.Tensor | None, steps: int, end_ids: list[int], bans: list[int]
+    ) -> torch.Tensor:
+        """`[steps, len(sequences)]` greedy tokens: `steps` decode steps of the rows, each fed the last one's argmax
+        on the device, row i's end id `end_ids[i]` banned in its first `bans[i]` steps (min_tokens). The inputs are
+        built once (as `decode`'s) and advanced on the device; with CUDA graphs the steps replay as one graph (its
+        tokens tensor: read or copy it before the next replay). Each row's blocks must cover its last step's
+        position."""
+        inputs, _ = self._decode_inputs(sequences, (), fed)
+        rows = inputs.input_ids.shape[0]
+        host = np.zeros((2, rows), dtype=np.int64)  # padding rows: end id 0, never banned
+        host[0, : len(sequences)], host[1, : len(sequences)] = end_ids, bans
+        ban = self._greedy_bans.get(rows)
+        if ban is None or not self.static_shapes:
+            ban = self._greedy_bans[rows] = torch.empty((2, rows), dtype=torch.long, device=self.device)
+        ban.copy_(torch.from_numpy(host).pin_memory() if self.device.type == "cuda" else torch.from_numpy(host),
+                  non_blocking=True)
+        run = self._graph_tokens if self.cuda_graphs else self._greedy_steps
+        return run(inputs, ban, steps)[:, : len(sequences)]
+
+    def _greedy_steps(self, inputs: StepInputs, ban: torch.Tensor, steps: int) -> torch.Tensor:
+        """`[steps, rows]`: the decode forward of `inputs` `steps` times, each step's argmax fed to the next one at the
+        next position (its slot from the row's block table), all on the device; `inputs` are left at the last step.
+        `ban`: `[2, rows]`, each row's end id and the steps it is banned in. Padding rows stay in the trash block
+        (positions 0 to steps - 1)."""
         block_size = self.pool.block_size
+        rows = inputs.input_ids.shape[0]
+        tokens = torch.empty((steps, rows), dtype=torch.long, device=self.device)
         positions = inputs.positions[:, 0]
-        positions.add_(1)  # padding rows too: they stay in the trash block's first block_size positions
-        blocks = inputs.block_tables.gather(1, torch.div(positions, block_size, rounding_mode="floor")[:, None])
-        torch.add(blocks[:, 0] * block_size, positions % block_size, out=inputs.slot_mapping)
-        inputs.input_ids[: len(sequences), 0] = fed[: len(sequences)]
-        if self.cuda_graphs:
-            return self._graph_logits(inputs)[: len(sequences)].clone()
-        return self._forward(inputs)[: len(sequences)]
+        end_ids = ban[0][:, None]
+        for step in range(steps):
+            if step:
+                inputs.input_ids[:, 0] = tokens[step - 1]
+                positions.add_(1)
+                blocks = inputs.block_tables.gather(1, torch.div(positions, block_size, rounding_mode="floor")[:, None])
+                torch.add(blocks[:, 0] * block_size, positions % block_size, out=inputs.slot_mapping)
+            logits = self._forward(inputs)
+            banned = logits.gather(1, end_ids).masked_fill_(ban[1][:, None] > step, -torch.inf)
+            tokens[step] = logits.scatter_(1, end_ids, banned).argmax(-1)
+        return tokens
 
     @property
     def mixes_prompts(self) -> bool:
@@ -255,7 +280,6 @@ class ModelRunner:
             keep = to_device(torch.from_numpy(last_rows), self.device)
         inputs = self._static_copy(inputs) if self.static_shapes else self._on_device(inputs)
         self._feed_device_tokens(inputs.input_ids, sequences, fed)
-        self._last_decode = inputs if self.static_shapes and not prefills else None
         return inputs, keep
 
     def _feed_device_tokens(self, input_ids: torch.Tensor, sequences: list[Sequence], fed: torch.Tensor | None) -> None:
@@ -270,12 +294,13 @@ class ModelRunner:
             return
         input_ids[to_device(rows, self.device, torch.long), 0] = fed[to_device(sources, self.device, torch.long)]
 
-    def capture_decode_graphs(self, max_rows: int) -> int:
+    def capture_decode_graphs(self, max_rows: int, greedy_steps: int = 1, greedy_rows: int = 0) -> int:
         """With `cuda_graphs`, capture every decode bucket up to `max_rows` rows (decoding sequences and prompt
         tokens prefilled in the same forward, see `decode`) whose rows x width fits the pool's blocks, largest first
         (the graphs share one memory pool), so no request waits for a capture. A bucket whose forward would not fit
         in the GPU memory left beside the pool is not captured: it runs eagerly (`_graph_logits`). A bucket beyond
-        these (possible with shared prefixes) is captured on first use. Returns how many were captured."""
+        these (possible with shared prefixes) is captured on first use. With `greedy_steps` > 1, the buckets of up
+        to `greedy_rows` rows also get `decode_greedy`'s graph of that many steps. Returns how many were captured."""
         if not self.cuda_graphs:
             return 0
         block_size = self.pool.block_size
@@ -292,12 +317,15 @@ class ModelRunner:
                 torch.full((rows, width), TRASH_BLOCK, dtype=torch.long),
             )
             self._graph_logits(self._static_copy(inputs))
+            if greedy_steps > 1 and rows <= _bucket(greedy_rows):
+                ban = self._greedy_bans.setdefault(rows, torch.zeros((2, rows), dtype=torch.long, device=self.device))
+                self._graph_tokens(self._static_copy(inputs), ban, greedy_steps)
         self.max_graph_rows = max((rows for rows, _ in self._graphs), default=0)
         if self._eager_buckets:
             log.warning("%d of %d decode buckets run eagerly: their forward does not fit in the GPU memory left "
                         "beside the KV pool (lower kv_cache_free_gpu_mem_fraction to capture them)",
                         len(self._eager_buckets), len(buckets))
-        return len(self._graphs)
+        return len(self._graphs) + len(self._greedy_graphs)
 
     def warm_up_prefill(self, max_tokens: int, max_rows: int) -> bool:
         """With fused forwards, compile the prompt forwards now (each compile a few seconds on a GPU) rather than in
@@ -391,21 +419,40 @@ class ModelRunner:
         graph.replay()
         return logits
 
-    def _capture(self, inputs: StepInputs) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        # Warm-up off the capture (cuBLAS handles, lazy allocations). Its key and value writes go to the step's own
-        # slots with the step's own values, so running it is harmless.
+    def _graph_tokens(self, inputs: StepInputs, ban: torch.Tensor, steps: int) -> torch.Tensor:
+        """`_greedy_steps` of `inputs`' bucket replayed as one graph (captured first if new); the graph's own tokens
+        tensor. A bucket too large to capture runs eagerly."""
+        key = (*inputs.block_tables.shape, steps)
+        captured = self._greedy_graphs.get(key)
+        if captured is None:
+            if key[:2] in self._eager_buckets or not self._fits_beside_pool(*key[:2]):
+                self._eager_buckets.add(key[:2])
+                return self._greedy_steps(inputs, ban, steps)
+            captured = self._greedy_graphs[key] = self._capture(inputs, lambda: self._greedy_steps(inputs, ban, steps))
+        graph, tokens = captured
+        graph.replay()
+        return tokens
+
+    def _capture(self, inputs: StepInputs, run=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """A graph of `run` (default: the decode forward of `inputs`) and its output. Warm-up first, off the capture
+        (cuBLAS handles, lazy allocations): its key and value writes are the step's own, with the step's own values,
+        so running it is harmless; the inputs it advances in place (`_greedy_steps`) are put back after it."""
+        run = run or (lambda: self._forward(inputs))
+        saved = [tensor.clone() for tensor in _fields(inputs)]
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
-            self._forward(inputs)
+            run()
         current.wait_stream(side)
+        for tensor, before in zip(_fields(inputs), saved):
+            tensor.copy_(before)
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
-            logits = self._forward(inputs)
-        return graph, logits
+            output = run()
+        return graph, output
 
 
 def _fields(inputs: StepInputs) -> tuple[torch.Tensor, ...]:

@@ -42,11 +42,11 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    step's tokens (they are fed on the device), so the host's work of a step runs while the device
                    computes; requests with a guide, bias, penalties, bad words or logits to return are stepped
                    one at a time whenever they run. false: every step waits for its tokens. Ignored on CPU
-  decode_steps     with overlap_steps: decode steps launched per engine iteration while the batch only decodes and
-                   nothing waits to join (default 4 on CUDA, 1 on CPU). The steps after the first advance their
-                   inputs on the device, so the host's work of an iteration is paid once for them; a stream's tokens
-                   then come up to this many at a time, and a request that ends within them has the rest computed
-                   for nothing
+  decode_steps     with overlap_steps: greedy decode steps launched at once per engine iteration while the batch only
+                   decodes, nothing waits to join and every request is greedy without log probs or min_tokens
+                   (default 4 on CUDA, 1 on CPU; at most 16, a KV block). On CUDA they replay as one graph, so the
+                   host's work of an iteration is paid once for them; a stream's tokens then come up to this many at
+                   a time, and a request that ends within them has the rest computed for nothing
   fused_forward    true (the default): a Llama-family model's forwards run as a few pieces between the paged
                    attentions (embedded/fused_forward.py). On CUDA they are torch.compile'd at load and replayed
                    inside the CUDA graphs; on CPU they run eagerly, and a step's prompt chunks share its decode
@@ -339,7 +339,7 @@ def create(params: Params) -> Executor:
     stall_factor = params.float("prefill_stall_factor", DEFAULT_CPU_STALL_FACTOR if device == "cpu" else 0.0,
                                 minimum=0.0)
     overlap = params.bool("overlap_steps", True) and device != "cpu"
-    decode_steps = params.int("decode_steps", None, minimum=1)
+    decode_steps = params.int("decode_steps", None, minimum=1, maximum=DEFAULT_BLOCK_SIZE)
     fused = params.bool("fused_forward", True)
     guide_limits = (params.int("max_guide_bytes", DEFAULT_MAX_GUIDE_BYTES, minimum=1),
                     params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001))
