@@ -55,3 +55,11 @@ def test_the_total_logits_budget_is_a_model_parameter_four_requests_by_default()
         executor.shutdown()
     with pytest.raises(ConfigError, match="max_total_logits_bytes=-1: must be at least 0"):
         create_executor({"executor": "synthetic", "max_total_logits_bytes": "-1"})
+
+
+@pytest.mark.parametrize("value, message", [("0", "decode_steps=0: must be at least 1"),
+                                            ("17", "decode_steps=17: must be at most 16")])
+def test_decode_steps_beyond_a_kv_block_are_refused_before_the_model_loads(value, message):
+    # Greedy steps launched at once keep padding rows inside the trash block: at most one block's 16 positions.
+    with pytest.raises(ConfigError, match=message):
+        create_executor({"executor": "transformers", "decode_steps": value})
