@@ -84,9 +84,9 @@ class EngineConfig:
     # (building inputs, accepting tokens) runs while the device computes. On CPU the forward runs on this thread,
     # so there is nothing to overlap (the executor leaves it off there).
     overlap_steps: bool = False
-    # With overlapped steps: decode steps launched an iteration while the batch only decodes and nothing waits to join.
-    # The steps after the first advance their inputs on the device, so an iteration's host work (scheduling, building
-    # inputs) is paid once for all of them; their tokens are read together. 1: one step an iteration.
+    # With overlapped steps: greedy decode steps launched at once while the batch only decodes, nothing waits to join
+    # and every row is a plain argmax (`_greedy_steps_ahead`), so an iteration's host work (scheduling, building
+    # inputs, launching) is paid once for all of them; their tokens are read together. 1: one step an iteration.
     decode_steps: int = 1
 
 
@@ -145,7 +145,7 @@ class Engine:
         # With overlap_steps: the launched steps whose tokens the host has not read yet, oldest first (the last one is
         # what the next step feeds from).
         self.in_flight: list[StepInFlight] = []
-        self._host_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tokens, log probs) per unread step, in turn
+        self._host_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # two (tokens, log probs), in turn
         self._launches = 0  # overlapped steps launched: whose turn the host buffers are
         self._greedy_launches = 0  # launches of several greedy steps: whose turn `_greedy_buffers` are
         self._greedy_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # ([steps, rows] tokens, log probs), in turn

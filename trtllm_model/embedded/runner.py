@@ -7,9 +7,10 @@ addresses a CUDA graph of the decode step replays. With `cuda_graphs` (CUDA and 
 decode forward is captured on its first use (after a warm-up on a side stream; the buckets share one private memory
 pool) and replayed after, the logits read from the graph's static output.
 
-A decode step may feed some rows a token that is still on the device (the engine's overlapped steps). Without
-static shapes (the CPU), rows whose block tables differ a lot attend apart (`padded_groups`), and with fused
-forwards a step's prompt chunks share its forward (`mixes_prompts`).
+A decode step may feed some rows a token that is still on the device (the engine's overlapped steps), and several
+greedy steps may go as one launch (`decode_greedy`: each step's argmax fed to the next on the device; on CUDA one graph
+a bucket). Without static shapes (the CPU), rows whose block tables differ a lot attend apart (`padded_groups`), and
+with fused forwards a step's prompt chunks share its forward (`mixes_prompts`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 import inspect
 import itertools
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -433,7 +435,9 @@ class ModelRunner:
         graph.replay()
         return tokens
 
-    def _capture(self, inputs: StepInputs, run=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(
+        self, inputs: StepInputs, run: Callable[[], torch.Tensor] | None = None
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """A graph of `run` (default: the decode forward of `inputs`) and its output. Warm-up first, off the capture
         (cuBLAS handles, lazy allocations): its key and value writes are the step's own, with the step's own values,
         so running it is harmless; the inputs it advances in place (`_greedy_steps`) are put back after it."""
