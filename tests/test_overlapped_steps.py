@@ -139,11 +139,14 @@ def test_greedy_steps_give_the_tokens_of_plain_steps_however_requests_end(loaded
         ending = [GenerationRequest(input_ids=base[5].input_ids, max_tokens=30, end_id=reference[5][0][9]),
                   GenerationRequest(input_ids=base[4].input_ids, max_tokens=30, stop_words=[reference[4][0][6:8]]),
                   GenerationRequest(input_ids=base[5].input_ids, max_tokens=12, min_tokens=8,
-                                    end_id=reference[5][0][1])]
+                                    end_id=reference[5][0][1]),
+                  # What a client may send at the edges: the vocabulary's last id, min_tokens far past max_tokens.
+                  GenerationRequest(input_ids=base[3].input_ids, max_tokens=7, min_tokens=10**9,
+                                    end_id=plain.vocab_size - 1)]
         requests = [*base, *ending]
         expected = [outcome(steps) for steps in run_all(plain, requests)]
-        assert [end for _, _, end, _ in expected[-3:-1]] == [FinishReason.END_ID, FinishReason.STOP_WORDS]
-        assert len(expected[-1][0]) >= 8
+        assert [end for _, _, end, _ in expected[-4:-2]] == [FinishReason.END_ID, FinishReason.STOP_WORDS]
+        assert len(expected[-2][0]) >= 8 and len(expected[-1][0]) == 7
         with counting_fed_steps(executor) as counts:
             assert_same(run_all(executor, requests), expected)
         assert counts["greedy"] > 0

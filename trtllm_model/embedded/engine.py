@@ -100,8 +100,18 @@ class StepInFlight:
     decoding: int  # rows[:decoding] decoded; the rest sampled their first token after a prefill
     tokens: torch.Tensor
     host_tokens: torch.Tensor
-    host_log_probs: torch.Tensor
+    host_log_probs: torch.Tensor | None  # None when no row returns log probs (none were copied)
     ready: torch.cuda.Event | None  # None on CPU, where the copies are done when made
+
+
+def _recorded_event(tensor: torch.Tensor) -> torch.cuda.Event | None:
+    """On CUDA, an event recorded after the work queued so far (what reading `tensor`'s host copy waits for); None on
+    the CPU, where the copies are done when made."""
+    if tensor.device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 def default_decode_steps(device: torch.device, decode_steps: int | None) -> int:
@@ -145,10 +155,8 @@ class Engine:
         # With overlap_steps: the launched steps whose tokens the host has not read yet, oldest first (the last one is
         # what the next step feeds from).
         self.in_flight: list[StepInFlight] = []
-        self._host_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # two (tokens, log probs), in turn
-        self._launches = 0  # overlapped steps launched: whose turn the host buffers are
-        self._greedy_launches = 0  # launches of several greedy steps: whose turn `_greedy_buffers` are
-        self._greedy_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # ([steps, rows] tokens, log probs), in turn
+        self._host_buffers: dict[tuple[str, int], torch.Tensor] = {}  # (what, turn) -> copies from the device
+        self._launches = 0  # overlapped launches: whose turn the host buffers are
         self.iteration = 0
         self.phase_seconds: dict[str, float] = {}  # engine thread's time per phase of its iterations, summed
 
@@ -421,30 +429,13 @@ class Engine:
         fed = self.in_flight[-1].tokens if self.in_flight else None
         steps = greedy.steps
         tokens = self.runner.decode_greedy(decoding, fed, steps, greedy.end_ids, greedy.bans)
-        rows = len(decoding)
-        pinned = self.runner.device.type == "cuda"
-        turn = self._greedy_launches % 2  # the last iteration's steps may be unread
-        host, log_probs = self._greedy_buffers[turn] if len(self._greedy_buffers) > turn else (None, None)
-        if host is None or host.shape[0] < steps or host.shape[1] < rows:
-            size = max(rows, self.config.max_batch_size)
-            host = torch.empty((steps, size), dtype=torch.long, pin_memory=pinned)
-            log_probs = torch.zeros(size, dtype=torch.float32)  # never read: no row returns log probs
-            if len(self._greedy_buffers) > turn:
-                self._greedy_buffers[turn] = (host, log_probs)
-            else:
-                self._greedy_buffers.append((host, log_probs))
-        host = host[:steps, :rows]
-        host.copy_(tokens, non_blocking=True)
-        ready = None
-        if tokens.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()
+        host = self._host_copy("greedy tokens", tokens)
+        ready = _recorded_event(tokens)
         for row, sequence in enumerate(decoding):
             sequence.pending += steps
             sequence.device_row = row
         self._launches += 1
-        self._greedy_launches += 1
-        return [StepInFlight(decoding, rows, tokens[step], host[step], log_probs[:rows], ready) for step in range(steps)]
+        return [StepInFlight(decoding, len(decoding), tokens[step], host[step], None, ready) for step in range(steps)]
 
     def _launch_sampling(self, rows: list[Sequence], decoding: int, logits: torch.Tensor) -> StepInFlight | None:
         """Sample the rows on the device and start the tokens' copy to the host, without waiting for either; None
@@ -464,17 +455,12 @@ class Engine:
             if plain:
                 # The usual step: an argmax, without per-row states (building them took about a tenth of the engine
                 # thread's time, host-only, 256 streams).
-                tokens = logits.argmax(-1)
-                log_probs = torch.zeros(len(rows), dtype=logits.dtype, device=logits.device)
+                tokens, host_log_probs = logits.argmax(-1), None  # no row returns log probs
             else:
                 tokens, log_probs = sample_on_device(logits, [sequence.sampling_state() for sequence in rows])
-            host_tokens, host_log_probs = self._host_buffer(len(rows), log_probs.dtype)
-            host_tokens.copy_(tokens, non_blocking=True)
-            host_log_probs.copy_(log_probs, non_blocking=True)
-            ready = None
-            if tokens.device.type == "cuda":
-                ready = torch.cuda.Event()
-                ready.record()
+                host_log_probs = self._host_copy("log probs", log_probs)
+            host_tokens = self._host_copy("tokens", tokens)
+            ready = _recorded_event(tokens)
         except Exception as exc:  # noqa: BLE001 - sampled again as a plain step, where a row's failure stays its own
             log.warning("sampling %d rows on the device failed (%s); the step is sampled on the host", len(rows), exc)
             return None
@@ -484,21 +470,20 @@ class Engine:
         self._launches += 1
         return StepInFlight(rows, decoding, tokens, host_tokens, host_log_probs, ready)
 
-    def _host_buffer(self, rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Host tensors for a step's tokens and log probs, two sets used in turn (one is read while the other fills);
-        pinned on CUDA so the copies do not wait for the device."""
-        pinned = self.runner.device.type == "cuda"
-        turn = self._launches % 2  # the in-flight step (unread) holds the other
-        while len(self._host_buffers) <= turn or self._host_buffers[turn][0].numel() < rows:
-            size = max(rows, self.config.max_batch_size)
-            buffers = (torch.empty(size, dtype=torch.long, pin_memory=pinned),
-                       torch.empty(size, dtype=dtype, pin_memory=pinned))
-            if len(self._host_buffers) <= turn:
-                self._host_buffers.append(buffers)
-            else:
-                self._host_buffers[turn] = buffers
-        tokens, log_probs = self._host_buffers[turn]
-        return tokens[:rows], log_probs[:rows]
+    def _host_copy(self, what: str, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor`'s copy to the host, started without waiting for the device, into this launch's buffer for `what`:
+        two per kind, used in turn (the last launch's may still be unread), pinned on CUDA so that the copy does not
+        wait for the device. Allocated once, for max_batch_size rows."""
+        key = (what, self._launches % 2)
+        buffer = self._host_buffers.get(key)
+        shape = tensor.shape
+        if buffer is None or buffer.dtype != tensor.dtype or any(h < n for h, n in zip(buffer.shape, shape)):
+            size = (*shape[:-1], max(shape[-1], self.config.max_batch_size))
+            buffer = torch.empty(size, dtype=tensor.dtype, pin_memory=self.runner.device.type == "cuda")
+            self._host_buffers[key] = buffer
+        host = buffer[tuple(slice(n) for n in shape)]
+        host.copy_(tensor, non_blocking=True)
+        return host
 
     def _accept_in_flight(self) -> list[Step]:
         """The in-flight steps' tokens, read (waiting for them if need be) and accepted, oldest first: one step per
@@ -520,14 +505,14 @@ class Engine:
         if launched.ready is not None:
             launched.ready.synchronize()
         tokens = launched.host_tokens.tolist()
-        log_probs = launched.host_log_probs.tolist()
+        log_probs = launched.host_log_probs.tolist() if launched.host_log_probs is not None else None
         steps = []
         decoding = launched.decoding
         for row, sequence in enumerate(launched.rows):
             sequence.pending -= 1
             if sequence.status is FINISHED:
                 continue
-            sampled = (tokens[row], log_probs[row] if sequence.sampling.log_probs else None)
+            sampled = (tokens[row], log_probs[row] if log_probs is not None and sequence.sampling.log_probs else None)
             prefill = row >= decoding
             try:
                 steps.append(self._accept_row(sequence, None, sampled, prefill))

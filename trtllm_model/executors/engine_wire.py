@@ -48,7 +48,7 @@ class EngineSpec:
     prefill_stall_factor: float = 0.0  # embedded/step_budget.py
     overlap_steps: bool | None = None  # embedded/engine.py; None: on CUDA only
     fused_forward: bool | None = None  # embedded/fused_forward.py; None: where the model is supported
-    decode_steps: int | None = None  # embedded/engine.py; None: the device's default (transformers_executor.py)
+    decode_steps: int | None = None  # embedded/engine.py; None: the device's default (engine.default_decode_steps)
 
 
 @dataclass(slots=True)
