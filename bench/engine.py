@@ -19,6 +19,7 @@ shorter: `--max-tokens 16 --prompts 8 --levels 1,8`. On a GPU (bench/gpu/run_on_
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -200,7 +201,7 @@ def main() -> None:
                 for level in levels:
                     prompts = all_prompts[: max(level, args.prompts)]
                     engine = executor.engine if executor.runner is not None else None  # None: in the worker
-                    before = (engine.iteration, dict(engine.phase_seconds)) if engine else None
+                    before = (engine.iteration, dict(engine.phase_seconds), _host_counters()) if engine else None
                     tokens, seconds, ttfts = run_executor(executor, prompts, args.max_tokens, level)
                     _record(runs, f"executor @ {level}", level, len(prompts), tokens, seconds, statistics.median(ttfts))
                     if engine:
@@ -262,13 +263,25 @@ def _record(runs: dict[str, list[tuple]], method: str, in_flight: int, prompts: 
     runs.setdefault(method, []).append((in_flight, prompts, tokens, seconds, ttft))
 
 
-def _print_phases(engine, iteration_before: int, seconds_before: dict[str, float]) -> None:
-    """The engine thread's iterations in the last run and its milliseconds per iteration in each phase."""
+def _host_counters() -> dict[str, int]:
+    """What can stall the host between a run's iterations: the collector's passes and the CUDA allocator's retries
+    (a failed cudaMalloc that frees the cache, synchronizing, and tries again)."""
+    counters = {f"gc gen{generation}": stats["collections"] for generation, stats in enumerate(gc.get_stats())}
+    if torch.cuda.is_initialized():
+        counters["alloc retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+    return counters
+
+
+def _print_phases(engine, iteration_before: int, seconds_before: dict[str, float],
+                  counters_before: dict[str, int]) -> None:
+    """The engine thread's iterations in the last run, its milliseconds per iteration in each phase, and the host
+    counters that moved."""
     iterations = max(1, engine.iteration - iteration_before)
     phases = {name: (total - seconds_before.get(name, 0.0)) * 1000 / iterations
               for name, total in engine.phase_seconds.items()}
-    print(f"    {iterations} iterations, ms each: " + ", ".join(f"{name} {ms:.2f}" for name, ms in phases.items()),
-          flush=True)
+    moved = {name: count - counters_before.get(name, 0) for name, count in _host_counters().items()}
+    print(f"    {iterations} iterations, ms each: " + ", ".join(f"{name} {ms:.2f}" for name, ms in phases.items())
+          + "; " + ", ".join(f"{name} {count}" for name, count in moved.items()), flush=True)
 
 
 def _row(method: str, measured: list[tuple]) -> dict:
