@@ -10,7 +10,9 @@ max_tokens, so no request ends early), greedy, one run each:
                  timed and reported apart (default on CUDA; --compiled-static / --no-compiled-static)
 Each level runs max(level, --prompts) prompts, and the static batches are measured over those same prompts.
 --repeat N measures every row N times (the executor's levels and the baselines alternate run by run) and reports the
-median with the spread (max - min) / median.
+median with the spread (max - min) / median. --rounds R makes each measurement R rounds of the same work back to
+back (tokens and seconds summed): a 256-stream round on a GPU lasts about 0.2 s, so one stall of the host's moves a
+one-round figure by a third (docs/performance.md, "Spread").
 Tokens/s counts generated tokens only. Run: `.venv/bin/python bench/engine.py` (about 10 minutes on 2 CPU cores);
 shorter: `--max-tokens 16 --prompts 8 --levels 1,8`. On a GPU (bench/gpu/run_on_gpu.sh engine ...):
 `--device cuda --levels 1,32,128,256 --prompts 8 --sequential-prompts 8 --repeat 3`.
@@ -158,6 +160,8 @@ def main() -> None:
     parser.add_argument("--fused-forward", action=argparse.BooleanOptionalAction, default=None,
                         help="forwards as embedded/fused_forward.py's pieces, compiled on CUDA, eager on CPU (default: on)")
     parser.add_argument("--repeat", type=int, default=1, help="measurements of each row; median and spread reported")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of the same work in each measurement, back to back (default 1)")
     parser.add_argument("--compiled-static", action=argparse.BooleanOptionalAction, default=None,
                         help="also transformers' compiled static-cache generate (default: on CUDA only)")
     args = parser.parse_args()
@@ -173,7 +177,7 @@ def main() -> None:
     lengths = [len(prompt) for prompt in all_prompts]
     print(
         f"{args.device} {dtype}: prompts of {min(lengths)}-{max(lengths)} tokens, {args.max_tokens} new tokens each, "
-        f"torch threads {torch.get_num_threads()}",
+        f"torch threads {torch.get_num_threads()}, {args.rounds} round(s) a measurement",
         flush=True,
     )
 
@@ -202,7 +206,8 @@ def main() -> None:
                     prompts = all_prompts[: max(level, args.prompts)]
                     engine = executor.engine if executor.runner is not None else None  # None: in the worker
                     before = (engine.iteration, dict(engine.phase_seconds), _host_counters()) if engine else None
-                    tokens, seconds, ttfts = run_executor(executor, prompts, args.max_tokens, level)
+                    tokens, seconds, ttfts = _rounds(args.rounds, run_executor, executor, prompts, args.max_tokens,
+                                                     level)
                     _record(runs, f"executor @ {level}", level, len(prompts), tokens, seconds, statistics.median(ttfts))
                     if engine:
                         _print_phases(engine, *before)
@@ -217,13 +222,14 @@ def main() -> None:
         for _ in range(args.repeat):
             if not args.skip_sequential:
                 prompts = all_prompts[: args.sequential_prompts or args.prompts]
-                tokens, seconds = run_sequential(model, prompts, args.max_tokens, pad_id)
+                tokens, seconds = _rounds(args.rounds, run_sequential, model, prompts, args.max_tokens, pad_id)
                 _record(runs, "generate, sequential", 1, len(prompts), tokens, seconds, None)
             for count in counts:
-                tokens, seconds = run_static(model, all_prompts[:count], args.max_tokens, pad_id)
+                tokens, seconds = _rounds(args.rounds, run_static, model, all_prompts[:count], args.max_tokens, pad_id)
                 _record(runs, f"generate, static batch of {count}", count, count, tokens, seconds, None)
                 if compiled_static:
-                    tokens, seconds = run_static(model, all_prompts[:count], args.max_tokens, pad_id, compiled=True)
+                    tokens, seconds = _rounds(args.rounds, run_static, model, all_prompts[:count], args.max_tokens,
+                                              pad_id, compiled=True)
                     _record(runs, f"generate, compiled static batch of {count}", count, count, tokens, seconds, None)
     rows = [_row(method, measured) for method, measured in runs.items()]
 
@@ -255,6 +261,13 @@ def main() -> None:
         path.write_text(json.dumps({"args": vars(args), "dtype": dtype, "device_name": device_name,
                                     "torch": torch.__version__, "rows": rows}, indent=2))
         print(f"results: {path}")
+
+
+def _rounds(rounds: int, run, *args, **kwargs) -> tuple:
+    """`run(*args, **kwargs)` `rounds` times back to back: its tokens and seconds summed, its TTFTs (if any) joined."""
+    results = [run(*args, **kwargs) for _ in range(rounds)]
+    summed = (sum(result[0] for result in results), sum(result[1] for result in results))
+    return (*summed, [ttft for result in results for ttft in result[2]]) if len(results[0]) > 2 else summed
 
 
 def _record(runs: dict[str, list[tuple]], method: str, in_flight: int, prompts: int, tokens: int, seconds: float,
