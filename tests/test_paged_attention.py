@@ -75,42 +75,6 @@ def test_each_row_attends_over_its_own_blocks_up_to_its_position(kernel, dtype, 
     assert not torch.equal(changed[3], got[3]) and torch.equal(changed[[0, 1, 2, 4, 5]], got[[0, 1, 2, 4, 5]])
 
 
-@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_each_chunk_query_attends_over_its_rows_blocks_up_to_its_own_position(kernel, dtype, tolerance):
-    """`chunk_attention`, rows left-padded as the prompt forwards make them: a prompt's first chunk, a chunk after a
-    cached prefix or an earlier chunk, one token, a chunk of several query tiles over more than one key tile."""
-    generator = torch.Generator().manual_seed(11)
-    blocks, block_size, kv_heads, heads, dim = 64, 16, 3, 9, 64
-    keys = torch.randn(blocks, block_size, kv_heads, dim, generator=generator).to(DEVICE, dtype)
-    values = torch.randn(blocks, block_size, kv_heads, dim, generator=generator).to(DEVICE, dtype)
-    chunks = [(0, 5), (40, 30), (100, 1), (0, 70), (16, 3)]  # (first position, queries)
-    queries, width = max(count for _, count in chunks), 8
-    tables = torch.full((len(chunks), width), TRASH_BLOCK)
-    positions = torch.zeros(len(chunks), queries, dtype=torch.long)  # left padding: position 0
-    scattered = (torch.randperm(blocks - 1, generator=generator) + 1).tolist()
-    for row, (first, count) in enumerate(chunks):
-        used = (first + count - 1) // block_size + 1
-        tables[row, :used] = torch.tensor(scattered[:used])
-        scattered = scattered[used:]
-        positions[row, queries - count:] = torch.arange(first, first + count)
-    query = torch.randn(len(chunks) * queries + 2, heads, dim, generator=generator).to(DEVICE, dtype)[1:-1]
-    tables, positions = tables.to(DEVICE), positions.to(DEVICE)
-    got = kernel.chunk_attention(query, keys, values, tables, positions, dim ** -0.5)
-    assert got.shape == (len(chunks) * queries, heads * dim) and got.dtype == dtype
-    real = [row * queries + index for row, (_, count) in enumerate(chunks) for index in range(queries - count, queries)]
-    token_rows = torch.arange(len(chunks), device=DEVICE).repeat_interleave(queries)
-    expected = reference(query[real], keys, values, tables[token_rows[real]], positions.reshape(-1)[real],
-                         dim ** -0.5)
-    assert (got[real].double() - expected).abs().max() < tolerance, (got[real].double() - expected).abs().max()
-    # Causal within the chunk: the key of row 3's query at position 40 changes that query and the later ones only.
-    slot = int(tables[3, 40 // block_size]) * block_size + 40 % block_size
-    keys.view(-1, kv_heads, dim)[slot] += 100
-    changed = kernel.chunk_attention(query, keys, values, tables, positions, dim ** -0.5)
-    at = 3 * queries + queries - 70 + 40  # row 3's query at position 40
-    assert torch.equal(changed[: at], got[: at]) and torch.equal(changed[3 * queries + queries:], got[4 * queries:])
-    assert not (changed[at : 4 * queries] == got[at : 4 * queries]).all(dim=1).any()
-
-
 def test_heads_the_kernel_cannot_take_are_named(kernel):
     assert kernel.supports(9, 3, 64) and kernel.supports(32, 8, 128) and kernel.supports(4, 2, 16)
     assert not kernel.supports(9, 3, 48) and not kernel.supports(64, 2, 64) and not kernel.supports(9, 2, 64)
@@ -140,32 +104,6 @@ def test_fused_decode_steps_through_the_kernel_give_the_tokens_and_log_probs_of_
     assert_same_answers(got, expected, 1e-4)
     assert all(queries == 1 for shapes in calls for _, queries in shapes)
     assert len(kernel_calls) == 2 * len(calls)  # every layer of every forward
-
-
-def test_fused_prompt_chunks_through_the_kernel_give_the_tokens_and_log_probs_of_transformers_forward(kernel):
-    """Rows as they are (prompts' chunks as parts of several queries a row, beside the decode rows' part), with both
-    kernels as on CUDA: prompts of several blocks, and two that find the first prompt's first block cached (their
-    chunks start at 16)."""
-    if not INTERPRETED:
-        pytest.skip("the CPU engine's tensors need Triton's interpreter")
-    model = tiny_llama(2)
-    first = [5 + j for j in range(30)]
-    prompts = [first, [9 + 3 * j for j in range(21)], first[:16] + [300, 301, 302], first[:20] + [400]]
-    expected, _ = run_with(model, None, prompts, 10, None)
-    fused, chunk_calls = FusedForward(model, compile=False), []
-    assert fused.chunk_attention is None  # on the CPU: gathered blocks and SDPA
-
-    def counted(query, keys, values, tables, positions, scale):
-        # Each row's least position past 0 (0 is the left padding's too): 1 for a prompt's first chunk.
-        firsts = positions.masked_fill(positions == 0, 1 << 20).min(1).values
-        chunk_calls.extend(zip(firsts.tolist(), positions[:, -1].tolist()))
-        return kernel.chunk_attention(query, keys, values, tables, positions, scale)
-
-    fused.decode_attention, fused.chunk_attention = kernel.decode_attention, counted  # as on CUDA
-    got, calls = run_with(model, None, prompts, 10, fused)
-    assert_same_answers(got, expected, 1e-4)
-    # Every prompt's chunk went through it in both layers: from position 0 (read as 1 above), or after the cached block.
-    assert sorted(chunk_calls) == sorted(2 * [(1, 29), (1, 20), (16, 18), (16, 20)])
 
 
 def test_a_decode_bucket_read_in_place_needs_no_room_for_gathered_copies(monkeypatch):

@@ -6,9 +6,8 @@ H200, `bench/step_profile.py`): separate q, k and v projections, six for each ro
 every attention, unfused residual adds. At small batches a step costs what its kernels' launches and tails cost, not
 what they compute; and a prompt's eager forward costs the host as many launches. Here a layer is:
 
-- the paged attention, eager: write the tokens' keys and values to their slots, then on CUDA one Triton kernel
-  that reads each row's blocks in the pool (`paged_attention`: decode rows' or prompt chunks'), else gather each
-  row's blocks and SDPA;
+- the paged attention, eager: write the tokens' keys and values to their slots, then for decode rows on CUDA one
+  Triton kernel that reads each row's blocks in the pool (`paged_attention`), else gather each row's blocks and SDPA;
 - everything from one attention's output to the next attention's query, key and value, as one `torch.compile`d
   function (inductor): output projection, residual add and RMSNorm fused, gate and up in one GEMM, SiLU and product
   fused, down projection, the next layer's add and norm fused, one qkv GEMM, the rotary embedding fused.
@@ -52,9 +51,8 @@ class _PartAttention:
     rows: int
     slots: torch.Tensor  # where each token's key and value go
     tables: torch.Tensor  # [rows, width]
-    mask: torch.Tensor | None  # additive; None and no `paged`: causal (one row from position 0)
-    paged: Callable | None  # the kernel that reads the pool in place (`paged_attention`), needing no mask
-    positions: torch.Tensor | None  # the kernel's: [rows] for decode rows, [rows, queries] for chunks
+    mask: torch.Tensor | None  # additive; None and no `positions`: causal (one row from position 0)
+    positions: torch.Tensor | None  # [rows], decode rows for the paged kernel (which needs no mask)
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -87,10 +85,9 @@ class FusedForward:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scaling = body.layers[0].self_attn.scaling
-        # Attention as one kernel a layer (CUDA, where Triton runs it), decode rows' and prompt chunks'; else
-        # gathered blocks and SDPA.
-        self.decode_attention, self.chunk_attention = _paged_kernels(self.embed.weight.device, self.heads,
-                                                                     self.kv_heads, self.head_dim)
+        # Decode rows' attention as one kernel a layer (CUDA, where Triton runs it); else gathered blocks and SDPA.
+        self.decode_attention: Callable | None = _paged_decode_attention(self.embed.weight.device, self.heads,
+                                                                         self.kv_heads, self.head_dim)
         with torch.no_grad():
             self.layers = [
                 _LayerWeights(
@@ -129,11 +126,9 @@ class FusedForward:
         cos, sin = (part.reshape(padded, -1) for part in self.rotary(hidden, positions))
         attending, ends, offset = [], [], 0
         for part, (part_rows, queries) in zip(parts, shapes):
-            mask = paged = positions = None  # none: a prompt's first chunk, one row, eager: causal (see `_attend`)
+            mask = positions = None  # neither: a prompt's first chunk, one row, eager: causal (see `_attend`)
             if queries == 1 and self.decode_attention is not None:
-                paged, positions = self.decode_attention, part.positions.reshape(-1)  # each row's bound: no mask
-            elif queries > 1 and self.chunk_attention is not None:
-                paged, positions = self.chunk_attention, part.positions
+                positions = part.positions.reshape(-1)  # the paged kernel's bound for each row: no mask
             elif self.pads or queries == 1 or part_rows > 1 or int(part.positions[0, 0]) != 0:
                 # Additive, in the model's dtype, made once: SDPA would convert a boolean mask in every layer. With
                 # several queries a row's query heads go group by group (see `_attend`): each group repeats the mask.
@@ -143,7 +138,7 @@ class FusedForward:
                 if queries > 1:
                     mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
             attending.append(_PartAttention(offset, part_rows * queries, part_rows, part.slot_mapping,
-                                            part.block_tables, mask, paged, positions))
+                                            part.block_tables, mask, positions))
             ends.append(torch.arange(offset + queries - 1, offset + part_rows * queries, queries, device=hidden.device))
             offset += part_rows * queries
         ends = _joined(ends)  # each row's last token; the head's padding rows read the last row's again
@@ -171,8 +166,8 @@ class FusedForward:
 
     def _attend(self, pool: KvBlockPool, index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 part: _PartAttention) -> torch.Tensor:
-        """Write the tokens' keys and values, then attend: `[tokens, heads x head_dim]`. On CUDA a paged kernel
-        (`paged_attention`) reads each row's blocks in the pool, decode rows' or chunks'. Otherwise each
+        """Write the tokens' keys and values, then attend: `[tokens, heads x head_dim]`. Decode rows on CUDA go
+        through the paged kernel (`paged_attention`), which reads each row's blocks in the pool. Otherwise each
         row's blocks are gathered and SDPA attends, the query heads that share a key-value head going as that head's
         queries (as `model_patches.grouped_decode_attention`), so SDPA reads each key and value once. No mask: one
         row whose queries are positions 0.. (a prompt's first chunk), attended as causal, which the CPU's flash
@@ -183,8 +178,8 @@ class FusedForward:
         rows, mask = part.rows, part.mask
         keys.view(-1, kv_heads, dim).index_copy_(0, part.slots, key)
         values.view(-1, kv_heads, dim).index_copy_(0, part.slots, value)
-        if part.paged is not None:
-            return part.paged(query, keys, values, part.tables, part.positions, self.scaling)
+        if part.positions is not None:
+            return self.decode_attention(query, keys, values, part.tables, part.positions, self.scaling)
         flat_tables = part.tables.reshape(-1)
         width = part.tables.shape[1] * keys.shape[1]
         gathered_keys = keys.index_select(0, flat_tables).view(rows, width, kv_heads, dim).transpose(1, 2)
@@ -231,19 +226,15 @@ class FusedForward:
         return F.linear(F.rms_norm(hidden, hidden.shape[-1:], final_norm, self.eps), lm_head).float()
 
 
-def _paged_kernels(device: torch.device, heads: int, kv_heads: int,
-                   head_dim: int) -> tuple[Callable | None, Callable | None]:
-    """`paged_attention`'s (decode_attention, chunk_attention) on CUDA for the heads they take, if Triton imports;
-    else (None, None)."""
+def _paged_decode_attention(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> Callable | None:
+    """`paged_attention.decode_attention` on CUDA for the heads it takes, if Triton imports; else None."""
     if device.type != "cuda":
-        return None, None
+        return None
     try:
         from . import paged_attention
     except ImportError:
-        return None, None
-    if not paged_attention.supports(heads, kv_heads, head_dim):
-        return None, None
-    return paged_attention.decode_attention, paged_attention.chunk_attention
+        return None
+    return paged_attention.decode_attention if paged_attention.supports(heads, kv_heads, head_dim) else None
 
 
 def padded_count(count: int) -> int:

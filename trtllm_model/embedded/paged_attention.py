@@ -1,6 +1,5 @@
-"""Attention over the KV block pool as Triton kernels (CUDA): each query reads its keys and values where they lie in
-the pool, up to its own position. `decode_attention` takes one query a row (decode steps, inside the CUDA graphs);
-`chunk_attention` takes a prompt's chunk a row, left-padded (the eager prompt forwards).
+"""Decode attention over the KV block pool as one Triton kernel (CUDA): each row's query reads its keys and values
+where they lie in the pool, up to its own position.
 
 The eager path (`fused_forward.FusedForward._attend`) gathers every row's blocks into `[rows, kv_heads, width x
 block_size, dim]` copies padded to the widest table, then runs SDPA with a mask: per layer two gathers written and
@@ -10,13 +9,6 @@ table and keeps an online softmax. A row's keys are not split over several progr
 step's rows already make many programs, and chat contexts are short; a single stream with a long context would gain
 from the split. The loop's bound is read from `positions` on the device, so a CUDA graph replays it for any context
 up to its bucket's width. Measured on an H200: docs/performance.md ("decode attention as one kernel a layer").
-
-A prompt forward's attention was eager: per layer the two gathers, the query's and the output's regrouping copies, a
-mask padded to the widest table and SDPA, each a launch and a dispatch on the host, which is what a prompt forward of
-SmolLM2 costs on a GPU (its compute is about 1 us a token). `chunk_attention` is one launch a layer: a program takes
-`QUERY_TILE` queries of one row for one query head, walks the row's keys through its block table up to the tile's
-last position, and masks each query's keys past its own position (causal within the chunk, the row's earlier chunks
-and cached prefix before it). No mask tensor, no copies.
 """
 
 from __future__ import annotations
@@ -27,7 +19,6 @@ import triton.language as tl
 
 _TILE = 64  # keys a loop iteration reads (4 blocks of 16)
 _GROUP_PAD = 16  # tl.dot's least M
-_QUERY_TILE = 32  # a chunk's queries a program takes
 
 
 @triton.jit
@@ -73,52 +64,6 @@ def _decode_attention(query, keys, values, tables, positions, output, scale, que
              out.to(output.dtype.element_ty), mask=real_heads[:, None])
 
 
-@triton.jit
-def _chunk_attention(query, keys, values, tables, positions, output, scale, queries, query_token_stride,
-                     query_head_stride, table_row_stride,
-                     BLOCK_SIZE: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr, DIM: tl.constexpr,
-                     QUERY_TILE: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    row = tl.program_id(0)
-    head = tl.program_id(2)
-    kv_head = head // GROUP
-    index = tl.program_id(1) * QUERY_TILE + tl.arange(0, QUERY_TILE)  # the tile's queries in the row
-    real = index < queries
-    tokens = row * queries + index
-    dims = tl.arange(0, DIM)
-    q = tl.load(query + tokens[:, None] * query_token_stride + head * query_head_stride + dims[None, :],
-                mask=real[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-    own = tl.load(positions + tokens, mask=real, other=0)  # a left padding query is at 0: it sees one key
-    length = tl.max(own, 0) + 1  # keys up to the tile's last query
-    largest = tl.full([QUERY_TILE], float("-inf"), tl.float32)
-    total = tl.zeros([QUERY_TILE], tl.float32)
-    acc = tl.zeros([QUERY_TILE, DIM], tl.float32)
-    for start in range(0, length, TILE):
-        key_index = start + tl.arange(0, TILE)
-        in_row = key_index < length
-        block = tl.load(tables + row * table_row_stride + key_index // BLOCK_SIZE, mask=in_row, other=0)
-        offsets = (block * BLOCK_SIZE + key_index % BLOCK_SIZE)[:, None] * (KV_HEADS * DIM) + kv_head * DIM
-        k = tl.load(keys + offsets + dims[None, :], mask=in_row[:, None], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        # Key 0 is in every query's first tile, so `largest` is finite after it and later masked tiles add nothing.
-        scores = tl.where(key_index[None, :] <= own[:, None], scores, float("-inf"))
-        new_largest = tl.maximum(largest, tl.max(scores, 1))
-        shrink = tl.exp(largest - new_largest)
-        weights = tl.exp(scores - new_largest[:, None])
-        total = total * shrink + tl.sum(weights, 1)
-        v = tl.load(values + offsets + dims[None, :], mask=in_row[:, None], other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * shrink[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
-        largest = new_largest
-    out = acc / total[:, None]
-    tl.store(output + tokens[:, None] * (KV_HEADS * GROUP * DIM) + head * DIM + dims[None, :],
-             out.to(output.dtype.element_ty), mask=real[:, None])
-
-
 def supports(heads: int, kv_heads: int, dim: int) -> bool:
     """Whether the kernel takes these heads: at most 16 query heads a key-value head, a power-of-two dim >= 16."""
     return heads % kv_heads == 0 and heads // kv_heads <= _GROUP_PAD and dim >= 16 and dim & (dim - 1) == 0
@@ -142,25 +87,4 @@ def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
         TILE=_TILE, PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         # Triton's interpreter (CPU tensors: the tests) gets a bfloat16 tl.dot wrong; there every dot is float32.
         UPCAST=query.device.type == "cpu")
-    return output
-
-
-def chunk_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tables: torch.Tensor,
-                    positions: torch.Tensor, scale: float) -> torch.Tensor:
-    """`[rows x queries, heads x dim]`: each row's chunk of queries `[rows x queries, heads, dim]` (row by row,
-    left-padded; `positions` `[rows, queries]`, a padding query's 0) attending, each query up to its own position,
-    over its row's block table `[rows, width]` in one layer's pool (the chunk's keys and values already written)."""
-    tokens, heads, dim = query.shape
-    rows, queries = positions.shape
-    _, block_size, kv_heads, _ = keys.shape
-    if not supports(heads, kv_heads, dim):
-        raise ValueError(f"chunk_attention: {heads} heads over {kv_heads} key-value heads of {dim} is not supported")
-    if tokens != rows * queries or query.stride(2) != 1 or not keys.is_contiguous() or not values.is_contiguous():
-        raise ValueError("chunk_attention needs a query per position, each head's contiguous, and a contiguous pool")
-    output = torch.empty((tokens, heads * dim), dtype=query.dtype, device=query.device)
-    _chunk_attention[(rows, triton.cdiv(queries, _QUERY_TILE), heads)](
-        query, keys, values, tables, positions.contiguous(), output, scale, queries, query.stride(0), query.stride(1),
-        tables.stride(0),
-        BLOCK_SIZE=block_size, KV_HEADS=kv_heads, GROUP=heads // kv_heads, DIM=dim, QUERY_TILE=_QUERY_TILE,
-        TILE=_TILE, PRECISION="ieee" if query.dtype == torch.float32 else "tf32", UPCAST=query.device.type == "cpu")
     return output
