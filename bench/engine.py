@@ -165,6 +165,8 @@ def main() -> None:
     parser.add_argument("--compiled-static", action=argparse.BooleanOptionalAction, default=None,
                         help="also transformers' compiled static-cache generate (default: on CUDA only)")
     args = parser.parse_args()
+    if args.rounds < 1 or args.repeat < 1:
+        parser.error("--rounds and --repeat take a count of at least 1")
     compiled_static = args.compiled_static if args.compiled_static is not None else args.device.startswith("cuda")
     torch.set_num_threads(args.threads)
     levels = [int(level) for level in args.levels.split(",") if level]
