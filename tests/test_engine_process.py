@@ -12,10 +12,12 @@ import sys
 import textwrap
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+import zmq
 from engine_helpers import run_all
 
 from trtllm_model.embedded.cpu_share import FreeCoreThreads, busy_jiffies, threads_for
@@ -29,9 +31,9 @@ from trtllm_model.executor_interface import (
     RequestRejected,
     Step,
 )
-from trtllm_model.executors import engine_client
+from trtllm_model.executors import engine_client, engine_worker
 from trtllm_model.executors.engine_client import EngineProcess
-from trtllm_model.executors.engine_wire import Progress, decode, encode, pack_steps, unpack_steps
+from trtllm_model.executors.engine_wire import Progress, decode, encode, new_socket, pack_steps, unpack_steps
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
 from trtllm_model.params import Params
 
@@ -104,6 +106,54 @@ def test_a_submitted_request_round_trips_with_every_field_and_its_arrays_beside_
     assert np.array_equal(got.lora_config, request.lora_config) and got.lora_config.dtype == np.int32
     got.lora_weights = request.lora_weights = got.lora_config = request.lora_config = None
     assert got == request
+
+
+class RecordingEngine:
+    """What the worker hands the engine: each submit's request ids, each cancel."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def submit(self, *sequences) -> None:
+        self.calls.append(("submit", [sequence.request_id for sequence in sequences]))
+
+    def cancel(self, request_id: int) -> None:
+        self.calls.append(("cancel", request_id))
+
+
+def worker_beside(tmp_path) -> tuple[engine_worker._Worker, zmq.Socket]:
+    """A worker's command handling over its real socket (the stub's end bound here), with a recording engine."""
+    commands = new_socket(zmq.Context.instance(), zmq.PUSH)
+    commands.bind(f"ipc://{tmp_path}/commands")
+    worker = engine_worker._Worker(str(tmp_path))
+    worker.engine = RecordingEngine()
+    worker.info = SimpleNamespace(vocab_size=100, generation_eos_id=2)
+    return worker, commands
+
+
+def test_commands_already_queued_are_taken_together_and_consecutive_submits_reach_the_engine_at_once(tmp_path):
+    """A burst of submits reaches the engine in one call, so one iteration admits them all; a cancel still comes
+    after the submits before it, and a stop ends the loop."""
+    worker, commands = worker_beside(tmp_path)
+    request = GenerationRequest(input_ids=[5, 6, 7], max_tokens=4)
+    sent = [("submit", 1, request), ("submit", 2, request), ("cancel", 1), ("submit", 3, request),
+            ("submit", 4, None),  # one the worker cannot make a sequence of: its own error step, the rest go on
+            ("submit", 5, request)]
+    for command in sent:
+        commands.send_multipart(encode(command))
+    received, deadline = [], time.monotonic() + 10
+    while len(received) < len(sent):  # what the socket has delivered so far comes in one call
+        assert time.monotonic() < deadline
+        received += worker._received()
+    assert [command[:2] for command in received] == [command[:2] for command in sent]
+    failed = []
+    worker.send_steps = failed.extend
+    assert worker._handle(received)
+    assert worker.engine.calls == [("submit", [1, 2]), ("cancel", 1), ("submit", [3, 5])]
+    assert [(step.request_id, step.finish_reason) for step in failed] == [(4, FinishReason.ERROR)]
+    assert not worker._handle([("submit", 6, request), ("stop",)])
+    assert worker.engine.calls[-1] == ("submit", [6])
+    commands.close()
 
 
 def test_a_step_batch_is_a_few_columns_whatever_the_number_of_requests():

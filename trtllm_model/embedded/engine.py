@@ -175,10 +175,11 @@ class Engine:
         self._thread.start()
 
     # -- callers' side ---------------------------------------------------------------------------------------------
-    def submit(self, sequence: Sequence) -> None:
+    def submit(self, *sequences: Sequence) -> None:
+        """Hand `sequences` to the engine; several at once join the same iteration's admission."""
         with self._lock:
             self._raise_if_dead()
-            self._incoming.append(sequence)
+            self._incoming.extend(sequences)
             self._work.notify()
 
     def cancel(self, request_id: int) -> None:
