@@ -3,7 +3,8 @@ commands (engine_wire.py has the messages; engine_client.py is the stub's side).
 
 The engine's own thread sends its steps (with the iteration stats so far) as it makes them: a second thread waking
 for them would take the interpreter's lock from the engine every iteration. Beside it: the command loop (submits,
-cancels, stop; never waits on anything slow), the heartbeat (a message every HEARTBEAT_S with the engine's iteration
+cancels, stop; never waits on anything slow; the commands already queued are taken together, so a burst of submits
+is admitted in one iteration), the heartbeat (a message every HEARTBEAT_S with the engine's iteration
 counter, and the engine's failure as soon as it fails), and the guide compiler's pool and deadline thread: a guided
 request waits there, off the command loop, at most guide_compile_timeout_s for its guide (compiled once, here only;
 the stub checks the guide's limits but does not compile it), then joins the engine or ends with an INVALID_ARG error
