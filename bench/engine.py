@@ -217,11 +217,16 @@ def main() -> None:
                     prompts = all_prompts[: max(level, args.prompts)]
                     engine = executor.engine if executor.runner is not None else None  # None: in the worker
                     before = (engine.iteration, dict(engine.phase_seconds), _host_counters()) if engine else None
+                    executor.iteration_stats()  # what came before this run
                     tokens, seconds, ttfts = _rounds(args.rounds, run_executor, executor, prompts, args.max_tokens,
                                                      level)
                     _record(runs, f"executor @ {level}", level, len(prompts), tokens, seconds, statistics.median(ttfts))
+                    stats = executor.iteration_stats()
+                    prefilling = sum(1 for stat in stats if stat.context_requests)
                     if engine:
-                        _print_phases(engine, *before)
+                        _print_phases(engine, *before, prefilling)
+                    else:
+                        print(f"    {len(stats)} iterations in the worker ({prefilling} prefilling)", flush=True)
         finally:
             executor.shutdown()  # its KV pool is most of the free GPU memory: gone before the baselines run
         compile_s = {}
@@ -328,15 +333,15 @@ def _host_counters() -> dict[str, int]:
     return counters
 
 
-def _print_phases(engine, iteration_before: int, seconds_before: dict[str, float],
-                  counters_before: dict[str, int]) -> None:
-    """The engine thread's iterations in the last run, its milliseconds per iteration in each phase, and the host
-    counters that moved."""
+def _print_phases(engine, iteration_before: int, seconds_before: dict[str, float], counters_before: dict[str, int],
+                  prefilling: int) -> None:
+    """The engine thread's iterations in the last run (and how many prefilled), its milliseconds per iteration in each
+    phase, and the host counters that moved."""
     iterations = max(1, engine.iteration - iteration_before)
     phases = {name: (total - seconds_before.get(name, 0.0)) * 1000 / iterations
               for name, total in engine.phase_seconds.items()}
     moved = {name: count - counters_before.get(name, 0) for name, count in _host_counters().items()}
-    print(f"    {iterations} iterations, ms each: " + ", ".join(f"{name} {ms:.2f}" for name, ms in phases.items())
+    print(f"    {iterations} iterations ({prefilling} prefilling), ms each: " + ", ".join(f"{name} {ms:.2f}" for name, ms in phases.items())
           + "; " + ", ".join(f"{name} {count}" for name, count in moved.items()), flush=True)
 
 
