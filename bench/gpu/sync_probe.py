@@ -78,11 +78,11 @@ for overlap in (True, False):
     for level in (1, 256):
         run_round(executor, prompts[:level], 64, False)
         engine = executor.engine
-        before = dict(engine.phase_seconds), engine.iteration, engine._launches
+        before = dict(engine.phase_seconds), engine.iteration, engine.launcher.launches
         tokens, seconds = run_round(executor, prompts[:level], 64, False)
         iterations = engine.iteration - before[1]
         phases = {k: f"{(v - before[0].get(k, 0.0)) / iterations * 1e3:.2f}" for k, v in engine.phase_seconds.items()}
         print(f"tiny model, overlap {overlap}, {level} in flight: {tokens / seconds:,.0f} tok/s, "
-              f"{seconds / iterations * 1e3:.2f} ms/iteration, {engine._launches - before[2]} launches of "
+              f"{seconds / iterations * 1e3:.2f} ms/iteration, {engine.launcher.launches - before[2]} launches of "
               f"{iterations} iterations, ms/iteration {phases}", flush=True)
     executor.shutdown()

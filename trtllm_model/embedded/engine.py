@@ -14,7 +14,8 @@ and decodes from the next iteration on.
 
 Overlapped steps (`overlap_steps`, the default on CUDA): a step's tokens are sampled on the device and fed to the
 next step from there, so the engine launches step n+1 before it reads step n's tokens, and builds inputs and accepts
-tokens while the device computes (as vLLM's async scheduling and SGLang's overlap scheduler do). A row fed after its
+tokens while the device computes (as vLLM's async scheduling and SGLang's overlap scheduler do; `steps_in_flight`
+launches them and starts their copies to the host). A row fed after its
 request ended on a token not yet read is computed for nothing and dropped. Requests whose sampling reads their
 tokens so far (guides, bias, penalties, bad words) or that return logits are stepped plainly: the in-flight
 step's tokens are read first. So is a step that might have to preempt (a preempted sequence's unread token, and
@@ -53,10 +54,11 @@ from ..executor_interface import FinishReason, IterationStats, KvCacheStats, Ste
 from .block_manager import BlockManager
 from .kv_budget import KvBudget
 from .runner import ModelRunner
-from .sampling import NO_ALLOWED_TOKEN, ban_tokens, sample_next_tokens, sample_on_device
+from .sampling import NO_ALLOWED_TOKEN, sample_next_tokens
 from .scheduler import Scheduler, SchedulerLimits, prefill_groups
 from .sequence import FINISHED, Sequence
 from .step_budget import StepBudget
+from .steps_in_flight import GreedySteps, StepInFlight, StepLauncher
 from .transfers import to_device
 
 log = logging.getLogger(__name__)
@@ -90,46 +92,12 @@ class EngineConfig:
     decode_steps: int = 1
 
 
-@dataclass(slots=True)
-class StepInFlight:
-    """A launched step whose sampled tokens the host has not read yet (overlapped steps): its rows (the decoding
-    sequences, then the prompts it completed), the tokens on the device (what the next step feeds them), and their
-    copies on their way to the host, complete once `ready` is."""
-
-    rows: list[Sequence]
-    decoding: int  # rows[:decoding] decoded; the rest sampled their first token after a prefill
-    tokens: torch.Tensor
-    host_tokens: torch.Tensor
-    host_log_probs: torch.Tensor | None  # None when no row returns log probs (none were copied)
-    ready: torch.cuda.Event | None  # None on CPU, where the copies are done when made
-
-
-def _recorded_event(tensor: torch.Tensor) -> torch.cuda.Event | None:
-    """On CUDA, an event recorded after the work queued so far (what reading `tensor`'s host copy waits for); None on
-    the CPU, where the copies are done when made."""
-    if tensor.device.type != "cuda":
-        return None
-    event = torch.cuda.Event()
-    event.record()
-    return event
-
-
 def default_decode_steps(device: torch.device, decode_steps: int | None) -> int:
     """`decode_steps` as given, else the device's default: `DEFAULT_CUDA_DECODE_STEPS` on CUDA; 1 on the CPU, where a
     forward runs on the engine's own thread and no step overlaps another."""
     if decode_steps is not None:
         return decode_steps
     return DEFAULT_CUDA_DECODE_STEPS if device.type == "cuda" else 1
-
-
-@dataclass(slots=True)
-class GreedySteps:
-    """Greedy decode steps an iteration launches at once: how many, and each row's end id and the steps it is
-    banned in (min_tokens; 0 or less: none)."""
-
-    steps: int
-    end_ids: list[int]
-    bans: list[int]
 
 
 class EngineDead(RuntimeError):
@@ -155,8 +123,7 @@ class Engine:
         # With overlap_steps: the launched steps whose tokens the host has not read yet, oldest first (the last one is
         # what the next step feeds from).
         self.in_flight: list[StepInFlight] = []
-        self._host_buffers: dict[tuple[str, int], torch.Tensor] = {}  # (what, turn) -> copies from the device
-        self._launches = 0  # overlapped launches: whose turn the host buffers are
+        self.launcher = StepLauncher(runner, config.max_batch_size)
         self.iteration = 0
         self.phase_seconds: dict[str, float] = {}  # engine thread's time per phase of its iterations, summed
 
@@ -296,7 +263,7 @@ class Engine:
         # "accept" takes the previous step's tokens while this one runs, and "sample" only launches the sampling.
         started = time.monotonic()
         lap = time.perf_counter()
-        launches_before = self._launches
+        launches_before = self.launcher.launches
         for sequence in incoming:
             sequence.overlappable = sequence.may_overlap()
             self.scheduler.add(sequence)
@@ -320,7 +287,8 @@ class Engine:
         lap = self._lap("schedule", lap)
         logits, done, launched = None, [], []
         if greedy:
-            launched = self._launch_greedy_steps(decoding, greedy)
+            fed = self.in_flight[-1].tokens if self.in_flight else None
+            launched = self.launcher.greedy_steps(decoding, fed, greedy)
             for sequence in decoding:
                 self._computed(sequence, len(sequence.token_ids))
             lap = self._lap("decode", lap)
@@ -345,7 +313,7 @@ class Engine:
         if logits is not None or launched:
             rows = [*decoding, *done]
             if not launched and self.config.overlap_steps:
-                single = self._launch_sampling(rows, len(decoding), logits)
+                single = self.launcher.sampling(rows, len(decoding), logits)
                 launched = [single] if single is not None else []
             if launched:
                 lap = self._lap("sample", lap)
@@ -361,7 +329,7 @@ class Engine:
             self._release_finished()  # before their final steps go out: a client that has one finds them free
             self._publish(steps)
             lap = self._lap("accept", lap)
-        if self.in_flight and self._launches == launches_before:
+        if self.in_flight and self.launcher.launches == launches_before:
             self._read_in_flight()  # nothing launched this iteration: the last step's tokens are all that is left
         # Without overlapped steps (the CPU, where a forward is done when its call returns) each group's first tokens
         # go out before the next group's forward: read all at the end, TTFT p50 at 8 streams was 0.29 -> 0.40 s.
@@ -390,7 +358,7 @@ class Engine:
         return needed <= self.blocks.free_blocks
 
     def _greedy_steps_ahead(self, decoding: list[Sequence], prompts: list[Sequence]) -> GreedySteps | None:
-        """`decode_steps` steps to launch at once (`_launch_greedy_steps`), each row's blocks grown for them now; None
+        """`decode_steps` steps to launch at once (`StepLauncher.greedy_steps`), each row's blocks grown for them now; None
         for one step. They run while the batch only decodes, nothing waits to join (a newcomer is not held back by
         steps launched ahead), every row is a plain argmax that may overlap (greedy, no log probs, nothing processed
         on the host; its end id banned on the device while short of min_tokens), and the pool holds the blocks
@@ -423,68 +391,6 @@ class Engine:
             for sequence in decoding:
                 self.blocks.grow(sequence.blocks, len(sequence.token_ids) + sequence.pending + steps - 1)
         return GreedySteps(steps, end_ids, bans)
-
-    def _launch_greedy_steps(self, decoding: list[Sequence], greedy: GreedySteps) -> list[StepInFlight]:
-        """`steps` decode steps of the rows in one launch (`ModelRunner.decode_greedy`: each step fed the last one's
-        argmax on the device), their tokens' copy to the host started: one StepInFlight a step, oldest first."""
-        fed = self.in_flight[-1].tokens if self.in_flight else None
-        steps = greedy.steps
-        tokens = self.runner.decode_greedy(decoding, fed, steps, greedy.end_ids, greedy.bans)
-        host = self._host_copy("greedy tokens", tokens)
-        ready = _recorded_event(tokens)
-        for row, sequence in enumerate(decoding):
-            sequence.pending += steps
-            sequence.device_row = row
-        self._launches += 1
-        return [StepInFlight(decoding, len(decoding), tokens[step], host[step], None, ready) for step in range(steps)]
-
-    def _launch_sampling(self, rows: list[Sequence], decoding: int, logits: torch.Tensor) -> StepInFlight | None:
-        """Sample the rows on the device and start the tokens' copy to the host, without waiting for either; None
-        when a row's sampling needs the host (guides, penalties, logits to return) or the launch failed: the step
-        is then sampled as a plain one."""
-        # One pass over the rows (every step makes it): the end ids of rows short of min_tokens, banned first (the only
-        # ban a row sampled here can need), and whether every row is a plain argmax.
-        banned, plain = [], True
-        for row, sequence in enumerate(rows):
-            if not sequence.overlappable:
-                return None
-            if sequence.bans_end_id():
-                banned.append((row, sequence.end_id))
-            plain = plain and sequence.sampling.greedy and not sequence.sampling.log_probs
-        try:
-            ban_tokens(logits, banned)
-            if plain:
-                # The usual step: an argmax, without per-row states (building them took about a tenth of the engine
-                # thread's time, host-only, 256 streams).
-                tokens, host_log_probs = logits.argmax(-1), None  # no row returns log probs
-            else:
-                tokens, log_probs = sample_on_device(logits, [sequence.sampling_state() for sequence in rows])
-                host_log_probs = self._host_copy("log probs", log_probs)
-            host_tokens = self._host_copy("tokens", tokens)
-            ready = _recorded_event(tokens)
-        except Exception as exc:  # noqa: BLE001 - sampled again as a plain step, where a row's failure stays its own
-            log.warning("sampling %d rows on the device failed (%s); the step is sampled on the host", len(rows), exc)
-            return None
-        for row, sequence in enumerate(rows):
-            sequence.pending += 1
-            sequence.device_row = row
-        self._launches += 1
-        return StepInFlight(rows, decoding, tokens, host_tokens, host_log_probs, ready)
-
-    def _host_copy(self, what: str, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor`'s copy to the host, started without waiting for the device, into this launch's buffer for `what`:
-        two per kind, used in turn (the last launch's may still be unread), pinned on CUDA so that the copy does not
-        wait for the device. Allocated once, for max_batch_size rows."""
-        key = (what, self._launches % 2)
-        buffer = self._host_buffers.get(key)
-        shape = tensor.shape
-        if buffer is None or buffer.dtype != tensor.dtype or any(h < n for h, n in zip(buffer.shape, shape)):
-            size = (*shape[:-1], max(shape[-1], self.config.max_batch_size))
-            buffer = torch.empty(size, dtype=tensor.dtype, pin_memory=self.runner.device.type == "cuda")
-            self._host_buffers[key] = buffer
-        host = buffer[tuple(slice(n) for n in shape)]
-        host.copy_(tensor, non_blocking=True)
-        return host
 
     def _accept_in_flight(self) -> list[Step]:
         """The in-flight steps' tokens, read (waiting for them if need be) and accepted, oldest first: one step per
