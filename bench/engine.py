@@ -341,7 +341,8 @@ def _print_phases(engine, iteration_before: int, seconds_before: dict[str, float
     phases = {name: (total - seconds_before.get(name, 0.0)) * 1000 / iterations
               for name, total in engine.phase_seconds.items()}
     moved = {name: count - counters_before.get(name, 0) for name, count in _host_counters().items()}
-    print(f"    {iterations} iterations ({prefilling} prefilling), ms each: " + ", ".join(f"{name} {ms:.2f}" for name, ms in phases.items())
+    print(f"    {iterations} iterations ({prefilling} prefilling), ms each: "
+          + ", ".join(f"{name} {ms:.2f}" for name, ms in phases.items())
           + "; " + ", ".join(f"{name} {count}" for name, count in moved.items()), flush=True)
 
 

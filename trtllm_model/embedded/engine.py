@@ -15,11 +15,10 @@ and decodes from the next iteration on.
 Overlapped steps (`overlap_steps`, the default on CUDA): a step's tokens are sampled on the device and fed to the
 next step from there, so the engine launches step n+1 before it reads step n's tokens, and builds inputs and accepts
 tokens while the device computes (as vLLM's async scheduling and SGLang's overlap scheduler do; `steps_in_flight`
-launches them and starts their copies to the host). A row fed after its
-request ended on a token not yet read is computed for nothing and dropped. Requests whose sampling reads their
-tokens so far (guides, bias, penalties, bad words) or that return logits are stepped plainly: the in-flight
-step's tokens are read first. So is a step that might have to preempt (a preempted sequence's unread token, and
-its seeded draw, would be lost).
+launches them and starts their copies to the host). A row fed after its request ended on a token not yet read is
+computed for nothing and dropped. Requests whose sampling reads their tokens so far (guides, bias, penalties, bad
+words) or that return logits are stepped plainly: the in-flight step's tokens are read first. So is a step that
+might have to preempt (a preempted sequence's unread token, and its seeded draw, would be lost).
 
 Several greedy decode steps an iteration (`decode_steps`, with overlapped steps; 4 on CUDA): while the batch only
 decodes, nothing waits to join and every row is a plain argmax, an iteration launches that many steps at once
@@ -358,8 +357,8 @@ class Engine:
         return needed <= self.blocks.free_blocks
 
     def _greedy_steps_ahead(self, decoding: list[Sequence], prompts: list[Sequence]) -> GreedySteps | None:
-        """`decode_steps` steps to launch at once (`StepLauncher.greedy_steps`), each row's blocks grown for them now; None
-        for one step. They run while the batch only decodes, nothing waits to join (a newcomer is not held back by
+        """`decode_steps` steps to launch at once (`StepLauncher.greedy_steps`), each row's blocks grown for them now;
+        None for one step. They run while the batch only decodes, nothing waits to join (a newcomer is not held back by
         steps launched ahead), every row is a plain argmax that may overlap (greedy, no log probs, nothing processed
         on the host; its end id banned on the device while short of min_tokens), and the pool holds the blocks
         without preempting anyone. A row that ends within them has the rest of its steps computed for nothing, as
