@@ -154,6 +154,9 @@ def test_commands_already_queued_are_taken_together_and_consecutive_submits_reac
     assert not worker._handle([("submit", 6, request), ("stop",)])
     assert worker.engine.calls[-1] == ("submit", [6])
     commands.close()
+    worker._commands.close()
+    worker._events.close()
+    worker._context.term()
 
 
 def test_a_step_batch_is_a_few_columns_whatever_the_number_of_requests():
