@@ -374,13 +374,9 @@ class Engine:
             tokens = len(sequence.token_ids) + sequence.pending  # what it has once its tokens so far are read
             if not sequence.overlappable or not sampling.greedy or sampling.log_probs or tokens + steps - 1 > limit:
                 return None
-            # Its end id is banned in the steps before its output reaches min_tokens (as `bans_end_id` says a step).
-            if sampling.min_tokens and sequence.end_id is not None:
-                end_ids.append(sequence.end_id)
-                bans.append(sampling.min_tokens - tokens + sequence.prompt_len)
-            else:
-                end_ids.append(0)
-                bans.append(0)
+            banned = sequence.end_id_banned_steps()  # its end id is banned in that many of the steps
+            end_ids.append(sequence.end_id if banned > 0 else 0)
+            bans.append(max(banned, 0))
             beyond = tokens + steps - 1 - len(sequence.blocks.block_ids) * block_size  # the last step feeds that token
             if beyond > 0:
                 needed += -(-beyond // block_size)

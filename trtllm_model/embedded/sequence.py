@@ -107,11 +107,13 @@ class Sequence:
         return (self.guide is None and not self.sampling.processed_on_host and not self.want_generation_logits
                 and not self.want_context_logits)
 
-    def bans_end_id(self) -> bool:
-        """Whether its next token may not be its end id: an unguided sequence short of min_tokens, counting the
-        tokens sampled on the device that the host has not read yet (a guide decides where a guided one may end)."""
-        return (self.sampling.min_tokens > 0 and self.end_id is not None and self.guide is None
-                and len(self.token_ids) + self.pending - self.prompt_len < self.sampling.min_tokens)
+    def end_id_banned_steps(self) -> int:
+        """How many of its next tokens may not be its end id (0 or less: none): an unguided sequence short of
+        min_tokens, counting the tokens sampled on the device that the host has not read yet (a guide decides where
+        a guided one may end)."""
+        if not self.sampling.min_tokens or self.end_id is None or self.guide is not None:
+            return 0
+        return self.sampling.min_tokens - (len(self.token_ids) + self.pending - self.prompt_len)
 
     def ends_once_read(self, max_positions: int) -> bool:
         """Whether the tokens on the device already end it by length (so the next step need not feed it)."""

@@ -79,7 +79,7 @@ class StepLauncher:
         for row, sequence in enumerate(rows):
             if not sequence.overlappable:
                 return None
-            if sequence.bans_end_id():
+            if sequence.end_id_banned_steps() > 0:
                 banned.append((row, sequence.end_id))
             plain = plain and sequence.sampling.greedy and not sequence.sampling.log_probs
         try:
