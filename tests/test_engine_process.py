@@ -109,13 +109,13 @@ def test_a_submitted_request_round_trips_with_every_field_and_its_arrays_beside_
 
 
 class RecordingEngine:
-    """What the worker hands the engine: each submit's request ids, each cancel."""
+    """What the worker hands the engine: each submit's request id, each cancel."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def submit(self, *sequences) -> None:
-        self.calls.append(("submit", [sequence.request_id for sequence in sequences]))
+    def submit(self, sequence) -> None:
+        self.calls.append(("submit", sequence.request_id))
 
     def cancel(self, request_id: int) -> None:
         self.calls.append(("cancel", request_id))
@@ -131,28 +131,26 @@ def worker_beside(tmp_path) -> tuple[engine_worker._Worker, zmq.Socket]:
     return worker, commands
 
 
-def test_commands_already_queued_are_taken_together_and_consecutive_submits_reach_the_engine_at_once(tmp_path):
-    """A burst of submits reaches the engine in one call, so one iteration admits them all; a cancel still comes
-    after the submits before it, and a stop ends the loop."""
+def test_each_command_reaches_the_engine_as_it_arrives_and_a_request_that_cannot_start_fails_alone(tmp_path):
+    """Submits and cancels reach the engine one by one in the order sent (a submit is not held back for the ones
+    behind it); a request the worker cannot make a sequence of gets its own error step and the rest go on; a stop
+    ends the loop."""
     worker, commands = worker_beside(tmp_path)
     request = GenerationRequest(input_ids=[5, 6, 7], max_tokens=4)
     sent = [("submit", 1, request), ("submit", 2, request), ("cancel", 1), ("submit", 3, request),
-            ("submit", 4, None),  # one the worker cannot make a sequence of: its own error step, the rest go on
-            ("submit", 5, request)]
+            ("submit", 4, None), ("submit", 5, request), ("stop",)]
     for command in sent:
         commands.send_multipart(encode(command))
-    received, deadline = [], time.monotonic() + 10
-    while len(received) < len(sent):  # what the socket has delivered so far comes in one call
-        assert time.monotonic() < deadline
-        received += worker._received()
-    assert [command[:2] for command in received] == [command[:2] for command in sent]
-    failed = []
+    failed, handled = [], []
     worker.send_steps = failed.extend
-    assert worker._handle(received)
-    assert worker.engine.calls == [("submit", [1, 2]), ("cancel", 1), ("submit", [3, 5])]
+    for _ in sent:
+        command = worker.receive()
+        handled.append(worker._handle(command))
+        if command[0] == "submit" and command[1] == 1:
+            assert worker.engine.calls == [("submit", 1)]  # already with the engine, before the next is read
+    assert handled == [True] * 6 + [False]
+    assert worker.engine.calls == [("submit", 1), ("submit", 2), ("cancel", 1), ("submit", 3), ("submit", 5)]
     assert [(step.request_id, step.finish_reason) for step in failed] == [(4, FinishReason.ERROR)]
-    assert not worker._handle([("submit", 6, request), ("stop",)])
-    assert worker.engine.calls[-1] == ("submit", [6])
     commands.close()
     worker._commands.close()
     worker._events.close()

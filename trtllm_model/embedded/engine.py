@@ -141,11 +141,10 @@ class Engine:
         self._thread.start()
 
     # -- callers' side ---------------------------------------------------------------------------------------------
-    def submit(self, *sequences: Sequence) -> None:
-        """Hand `sequences` to the engine; several at once join the same iteration's admission."""
+    def submit(self, sequence: Sequence) -> None:
         with self._lock:
             self._raise_if_dead()
-            self._incoming.extend(sequences)
+            self._incoming.append(sequence)
             self._work.notify()
 
     def cancel(self, request_id: int) -> None:

@@ -3,8 +3,7 @@ commands (engine_wire.py has the messages; engine_client.py is the stub's side).
 
 The engine's own thread sends its steps (with the iteration stats so far) as it makes them: a second thread waking
 for them would take the interpreter's lock from the engine every iteration. Beside it: the command loop (submits,
-cancels, stop; never waits on anything slow; the commands already queued are taken together, so a burst of submits
-is admitted in one iteration), the heartbeat (a message every HEARTBEAT_S with the engine's iteration
+cancels, stop; never waits on anything slow), the heartbeat (a message every HEARTBEAT_S with the engine's iteration
 counter, and the engine's failure as soon as it fails), and the guide compiler's pool and deadline thread: a guided
 request waits there, off the command loop, at most guide_compile_timeout_s for its guide (compiled once, here only;
 the stub checks the guide's limits but does not compile it), then joins the engine or ends with an INVALID_ARG error
@@ -67,7 +66,7 @@ class _Worker:
         self.send(("ready", info))
         heartbeat = threading.Thread(target=self._send_heartbeats, name="engine-heartbeat", daemon=True)
         heartbeat.start()
-        while self._handle(self._received()):
+        while self._handle(self.receive()):
             pass
         self._stopping.set()
         self.engine.stop()
@@ -84,37 +83,20 @@ class _Worker:
                             self._submits_seen)
         self.send(("steps", pack_steps(steps), engine.take_stats(), progress))
 
-    def _received(self) -> list[tuple]:
-        """The next command, and every one already behind it. A burst of submits (a client's 256 requests, sent one
-        by one) then reaches the engine at once and is admitted in one iteration: taken one by one, the engine woke
-        for the first few and prefilled the rest over several iterations (host-only, 256 streams: 2-7 prefilling
-        iterations a round against 3 on a thread; on a GPU each is a prompt forward of milliseconds of launches)."""
-        commands = [self.receive()]
-        while self._commands.poll(0):
-            commands.append(self.receive())
-        return commands
-
-    def _handle(self, commands: list[tuple]) -> bool:
-        """Carry out `commands` in order, the sequences of consecutive submits handed to the engine together; False
-        at a stop."""
-        starting = []
-        for command in commands:
-            if command[0] == "submit":
-                sequence = self._submitted(command[1], command[2])
-                if sequence is not None:
-                    starting.append(sequence)
-                continue
-            self._start(*starting)  # before a cancel, which may be for one of them
-            starting = []
-            if command[0] == "cancel":
-                self._cancel(command[1])
-            elif command[0] == "stop":
-                return False
-        self._start(*starting)
+    def _handle(self, command: tuple) -> bool:
+        """Carry out one command as it arrives; False at a stop. Each submit reaches the engine at once, so the engine
+        prefills the first requests of a burst while the rest are still arriving: taking a burst's queued commands
+        together (569745b) kept the engine idle until the last was read, 0.88-0.90x the tokens/s at 256 streams on
+        an H200 (docs/performance.md, "The engine worker takes its commands one at a time again")."""
+        if command[0] == "submit":
+            self._submit(command[1], command[2])
+        elif command[0] == "cancel":
+            self._cancel(command[1])
+        elif command[0] == "stop":
+            return False
         return True
 
-    def _submitted(self, request_id: int, request: GenerationRequest) -> Any:
-        """The request's sequence to start now; None for one that failed or waits for its guide to compile."""
+    def _submit(self, request_id: int, request: GenerationRequest) -> None:
         from ..embedded.sequence import Sequence
 
         self._submits_seen += 1
@@ -126,18 +108,17 @@ class _Worker:
                 self._guide_compiler().when_compiled(
                     request.guided_decoding_type, request.guided_decoding_guide,
                     lambda outcome: self._guide_compiled(sequence, request.guided_decoding_type, outcome))
-                return None
+                return
         except Exception as exc:  # noqa: BLE001 - this request's own failure: an error step, the engine goes on
             self._fail(request_id, f"request failed: {type(exc).__name__}: {exc}")
-            return None
-        return sequence
+            return
+        self._start(sequence)
 
-    def _start(self, *sequences: Any) -> None:
+    def _start(self, sequence: Any) -> None:
         from ..embedded.engine import EngineDead
 
-        if sequences:
-            with contextlib.suppress(EngineDead):  # the publisher reports the engine's death
-                self.engine.submit(*sequences)
+        with contextlib.suppress(EngineDead):  # the publisher reports the engine's death
+            self.engine.submit(sequence)
 
     def _fail(self, request_id: int, error: str, client_error: bool = False) -> None:
         self.send_steps([Step(request_id, is_final=True, finish_reason=FinishReason.ERROR, error=error,
