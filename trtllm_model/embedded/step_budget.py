@@ -18,9 +18,11 @@ from dataclasses import dataclass
 
 # Weight of the newest decode-only step in the moving average.
 DECAY = 0.8
-# The chunk before anything is learned, and the smallest one handed out while streams decode.
+# The chunk before anything is learned, and the smallest one handed out while streams decode. On a 2-core CPU a chunk of
+# 32 tokens beside 16 streams already cost about 3x a decode-only step deep into a long prompt, so a floor of 32 left
+# factors below about 2.5 no effect; with 8 the steps follow the factor (docs/performance.md).
 FIRST_CHUNK = 64
-MIN_CHUNK = 32
+MIN_CHUNK = 8
 
 
 @dataclass(slots=True)

@@ -37,7 +37,9 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    command loop); the stub only checks their limits
   prefill_stall_factor  a step that prefills a prompt chunk beside decoding streams takes at most this many times a
                    decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is steered
-                   by the engine's own step times (embedded/step_budget.py; docs/performance.md has the trade-off)
+                   by the engine's own step times, chunks of at least 8 tokens (embedded/step_budget.py). Lower
+                   keeps running streams' gaps shorter and starts a long prompt later: on 2 CPU cores, 1.75 against
+                   2.5 took a 2,048-token prompt's first token from about 8 to 10-14 s (docs/performance.md)
   overlap_steps    true (the default on CUDA): the engine launches each step before the host has read the last
                    step's tokens (they are fed on the device), so the host's work of a step runs while the device
                    computes; requests with a guide, bias, penalties, bad words or logits to return are stepped
