@@ -84,10 +84,10 @@ class _Worker:
         self.send(("steps", pack_steps(steps), engine.take_stats(), progress))
 
     def _handle(self, command: tuple) -> bool:
-        """Carry out one command as it arrives; False at a stop. Each submit reaches the engine at once, so the engine
-        prefills the first requests of a burst while the rest are still arriving: taking a burst's queued commands
-        together (569745b) kept the engine idle until the last was read, 0.88-0.90x the tokens/s at 256 streams on
-        an H200 (docs/performance.md, "The engine worker takes its commands one at a time again")."""
+        """Carry out one command as it arrives; False at a stop. Each submit reaches the engine at once, so it can
+        prefill a burst's first requests while the rest arrive. Taking the queued commands of a burst together
+        (569745b, reverted) gave 0.88-0.90x the tokens/s at 256 streams on an H200 (docs/performance.md, "The embedded
+        engine on an H200 today")."""
         if command[0] == "submit":
             self._submit(command[1], command[2])
         elif command[0] == "cancel":
