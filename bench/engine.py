@@ -11,8 +11,8 @@ max_tokens, so no request ends early), greedy, one run each:
 Each level runs max(level, --prompts) prompts, and the static batches are measured over those same prompts.
 --repeat N measures every row N times (the executor's levels and the baselines alternate run by run) and reports the
 median with the spread (max - min) / median. --rounds R makes each measurement R rounds of the same work back to
-back (tokens and seconds summed): a 256-stream round on a GPU lasts about 0.2 s, so one stall of the host's moves a
-one-round figure by a third (docs/performance.md, "Spread").
+back (tokens and seconds summed; default 5 on CUDA, 1 on CPU): a 256-stream round on a GPU lasts about 0.2 s, so one
+stall of the host's moves a one-round figure by a third (docs/performance.md, "Spread").
 Tokens/s counts generated tokens only. Run: `.venv/bin/python bench/engine.py` (about 10 minutes on 2 CPU cores);
 shorter: `--max-tokens 16 --prompts 8 --levels 1,8`. On a GPU (bench/gpu/run_on_gpu.sh engine ...):
 `--device cuda --levels 1,32,128,256 --prompts 8 --sequential-prompts 8 --repeat 3`.
@@ -162,14 +162,16 @@ def main() -> None:
     parser.add_argument("--fused-forward", action=argparse.BooleanOptionalAction, default=None,
                         help="forwards as embedded/fused_forward.py's pieces, compiled on CUDA, eager on CPU (default: on)")
     parser.add_argument("--repeat", type=int, default=1, help="measurements of each row; median and spread reported")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="rounds of the same work in each measurement, back to back (default 1)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of the same work in each measurement, back to back (default 5 on CUDA, 1 on CPU)")
     parser.add_argument("--compiled-static", action=argparse.BooleanOptionalAction, default=None,
                         help="also transformers' compiled static-cache generate (default: on CUDA only)")
     parser.add_argument("--cpus", default=None,
                         help="run on these CPUs only, and so every thread and the engine worker started after: a "
                              "list such as 0-7,16 or gpu-local (the CUDA device's NUMA node's, from sysfs)")
     args = parser.parse_args()
+    if args.rounds is None:
+        args.rounds = 5 if args.device.startswith("cuda") else 1
     if args.rounds < 1 or args.repeat < 1:
         parser.error("--rounds and --repeat take a count of at least 1")
     if args.cpus:
