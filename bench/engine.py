@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -166,18 +164,11 @@ def main() -> None:
                         help="rounds of the same work in each measurement, back to back (default 5 on CUDA, 1 on CPU)")
     parser.add_argument("--compiled-static", action=argparse.BooleanOptionalAction, default=None,
                         help="also transformers' compiled static-cache generate (default: on CUDA only)")
-    parser.add_argument("--cpus", default=None,
-                        help="run on these CPUs only, and so every thread and the engine worker started after: a "
-                             "list such as 0-7,16 or gpu-local (the CUDA device's NUMA node's, from sysfs)")
     args = parser.parse_args()
     if args.rounds is None:
         args.rounds = 5 if args.device.startswith("cuda") else 1
     if args.rounds < 1 or args.repeat < 1:
         parser.error("--rounds and --repeat take a count of at least 1")
-    if args.cpus:
-        os.sched_setaffinity(0, gpu_local_cpus(args.device) if args.cpus == "gpu-local" else cpu_list(args.cpus))
-    print(f"on {len(os.sched_getaffinity(0))} of {os.cpu_count()} CPUs: {_cpu_ranges(os.sched_getaffinity(0))}",
-          flush=True)
     compiled_static = args.compiled_static if args.compiled_static is not None else args.device.startswith("cuda")
     torch.set_num_threads(args.threads)
     levels = [int(level) for level in args.levels.split(",") if level]
@@ -279,38 +270,6 @@ def main() -> None:
         path.write_text(json.dumps({"args": vars(args), "dtype": dtype, "device_name": device_name,
                                     "torch": torch.__version__, "rows": rows}, indent=2))
         print(f"results: {path}")
-
-
-def cpu_list(text: str) -> set[int]:
-    """The CPUs of a Linux CPU list (`0-7,16,18-19`)."""
-    cpus = set()
-    for part in text.strip().split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
-def gpu_local_cpus(device: str) -> set[int]:
-    """The CPUs of the NUMA node the CUDA device hangs off (sysfs `local_cpulist` of its PCI address)."""
-    index = torch.device(device).index or 0
-    properties = torch.cuda.get_device_properties(index)
-    if hasattr(properties, "pci_bus_id"):
-        address = f"{properties.pci_domain_id:04x}:{properties.pci_bus_id:02x}:{properties.pci_device_id:02x}.0"
-    else:  # an older torch: nvidia-smi's 00000000:1B:00.0, sysfs's 0000:1b:00.0
-        smi = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=pci.bus_id", "--format=csv,noheader"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        address = smi[-12:].lower()
-    return cpu_list(Path(f"/sys/bus/pci/devices/{address}/local_cpulist").read_text())
-
-
-def _cpu_ranges(cpus: set[int]) -> str:
-    ordered, ranges = sorted(cpus), []
-    for cpu in ordered:
-        if ranges and ranges[-1][1] == cpu - 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(f"{first}-{last}" if last > first else str(first) for first, last in ranges)
 
 
 def _rounds(rounds: int, run, *args, **kwargs) -> tuple:
