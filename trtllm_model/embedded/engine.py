@@ -374,8 +374,8 @@ class Engine:
             if not sequence.overlappable or not sampling.greedy or sampling.log_probs or tokens + steps - 1 > limit:
                 return None
             banned = sequence.end_id_banned_steps()  # its end id is banned in that many of the steps
-            end_ids.append(sequence.end_id if banned > 0 else 0)
-            bans.append(max(banned, 0))
+            end_ids.append(sequence.end_id if banned else 0)
+            bans.append(banned)
             beyond = tokens + steps - 1 - len(sequence.blocks.block_ids) * block_size  # the last step feeds that token
             if beyond > 0:
                 needed += -(-beyond // block_size)

@@ -108,12 +108,12 @@ class Sequence:
                 and not self.want_context_logits)
 
     def end_id_banned_steps(self) -> int:
-        """How many of its next tokens may not be its end id (0 or less: none): an unguided sequence short of
-        min_tokens, counting the tokens sampled on the device that the host has not read yet (a guide decides where
-        a guided one may end)."""
+        """How many of its next tokens may not be its end id (0: none): an unguided sequence short of min_tokens,
+        counting the tokens sampled on the device that the host has not read yet (a guide decides where a guided one
+        may end)."""
         if not self.sampling.min_tokens or self.end_id is None or self.guide is not None:
             return 0
-        return self.sampling.min_tokens - (len(self.token_ids) + self.pending - self.prompt_len)
+        return max(0, self.sampling.min_tokens - (len(self.token_ids) + self.pending - self.prompt_len))
 
     def ends_once_read(self, max_positions: int) -> bool:
         """Whether the tokens on the device already end it by length (so the next step need not feed it)."""

@@ -37,7 +37,7 @@ class StepInFlight:
 @dataclass(slots=True)
 class GreedySteps:
     """Greedy decode steps an iteration launches at once: how many, and each row's end id and the steps it is
-    banned in (min_tokens; 0 or less: none)."""
+    banned in (min_tokens; 0: none)."""
 
     steps: int
     end_ids: list[int]
@@ -79,7 +79,7 @@ class StepLauncher:
         for row, sequence in enumerate(rows):
             if not sequence.overlappable:
                 return None
-            if sequence.end_id_banned_steps() > 0:
+            if sequence.end_id_banned_steps():
                 banned.append((row, sequence.end_id))
             plain = plain and sequence.sampling.greedy and not sequence.sampling.log_probs
         try:

@@ -46,9 +46,9 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    one at a time whenever they run. false: every step waits for its tokens. Ignored on CPU
   decode_steps     with overlap_steps: greedy decode steps launched at once per engine iteration while the batch only
                    decodes, nothing waits to join and every request is greedy without log probs (min_tokens is
-                   kept on the device) (default 4 on CUDA, 1 on CPU; at most 16, a KV block). On CUDA they replay as one graph, so the
-                   host's work of an iteration is paid once for them; a stream's tokens then come up to this many at
-                   a time, and a request that ends within them has the rest computed for nothing
+                   kept on the device; default 4 on CUDA, 1 on CPU; at most 16, a KV block). On CUDA they replay as
+                   one graph, so the host's work of an iteration is paid once for them; a stream's tokens then come
+                   up to this many at a time, and a request that ends within them has the rest computed for nothing
   fused_forward    true (the default): a Llama-family model's forwards run as a few pieces between the paged
                    attentions (embedded/fused_forward.py). On CUDA they are torch.compile'd at load and replayed
                    inside the CUDA graphs; on CPU they run eagerly, and a step's prompt chunks share its decode
