@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from trtllm_model.embedded import fused_forward
 from trtllm_model.embedded.block_manager import TRASH_BLOCK
@@ -164,6 +165,16 @@ def trash_inputs(rows: int, queries: int, block_size: int) -> StepInputs:
     return StepInputs(torch.zeros((rows, queries), dtype=torch.long), torch.zeros((rows, queries), dtype=torch.long),
                       torch.full((rows * queries,), TRASH_BLOCK * block_size, dtype=torch.long),
                       torch.full((rows, 1), TRASH_BLOCK, dtype=torch.long))
+
+
+def test_the_fused_norm_rounds_as_transformers_llama_norm_in_bfloat16():
+    """Bit for bit: in bfloat16 one rounding more or less flips near-ties of the served tokens (a chat answer on a CPU
+    with AVX512-BF16 was no longer transformers' own)."""
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(576, eps=1e-5).to(torch.bfloat16)
+    norm.weight.data.normal_(1.0, 0.5)
+    hidden = (torch.randn(64, 576) * 3).to(torch.bfloat16)
+    assert torch.equal(fused_forward._rms_norm(hidden, norm.weight, 1e-5), norm(hidden))
 
 
 def test_only_plain_llama_layers_are_fused(loaded):
