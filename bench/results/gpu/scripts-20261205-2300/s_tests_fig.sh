@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 4 (after s_ab.sh on the same machine; carry .gpu/scripts): the CUDA tests on this tree (7e6b3a5), then
+# Device call (after `run_on_gpu.sh setup .gpu/model1` on the machine, staged as in docs/performance.md; carry .gpu/scripts): the CUDA tests on this tree (7e6b3a5), then
 # the figures: engine thread at 1, 128 and 256 streams with transformers' compiled static generate in the same run
 # (5 rounds a measurement, median of 3).
 set -u
