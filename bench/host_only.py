@@ -11,9 +11,9 @@ import torch
 from trtllm_model.embedded import runner as runner_module
 
 
-def zero_logits_forward(self, *parts):
-    """A forward that computes nothing: `[rows, 64]` zeros (argmax 0)."""
-    rows = sum(inputs.input_ids.shape[0] for inputs in parts)
+def zero_logits_forward(self, *parts, ends=None):
+    """A forward that computes nothing: `[rows, 64]` zeros (argmax 0), a row for each of `ends` if given."""
+    rows = sum(inputs.input_ids.shape[0] for inputs in parts) if ends is None else ends.shape[0]
     zeros = getattr(self, "_zeros", None)
     if zeros is None or zeros.shape[0] < rows:
         zeros = self._zeros = torch.zeros(max(rows, 512), 64, device=self.device)

@@ -230,8 +230,8 @@ def test_beside_busy_cores_the_engines_fused_forwards_run_on_one_thread():
         fused, seen = executor.runner.fused_forward, []
         assert fused is not None
 
-        def recording(parts, pool):
-            logits = fused(parts, pool)
+        def recording(parts, pool, ends=None):
+            logits = fused(parts, pool, ends)
             seen.append(torch.get_num_threads())  # on the engine's thread, as the forward left it
             return logits
         executor.runner.fused_forward = recording

@@ -18,7 +18,7 @@ from trtllm_model.embedded.block_manager import TRASH_BLOCK
 from trtllm_model.embedded.fused_forward import FusedForward
 from trtllm_model.embedded.kv_cache import StepInputs
 from trtllm_model.embedded.model_loading import load_model
-from trtllm_model.embedded.runner import ModelRunner
+from trtllm_model.embedded.runner import JoinedBuckets, ModelRunner
 from trtllm_model.executor_interface import GenerationRequest, Step
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
 from trtllm_model.params import ConfigError, Params
@@ -61,17 +61,19 @@ def answers(executor: TransformersExecutor, prompts: list[list[int]], max_tokens
 
 
 def run_with(model: torch.nn.Module, tokenizer, prompts: list[list[int]], max_tokens: int,
-             fused: FusedForward | None, static_shapes: bool = False) -> tuple[list[tuple], list[list[tuple]]]:
+             fused: FusedForward | None, static_shapes: bool = False,
+             joined: JoinedBuckets | None = None) -> tuple[list[tuple], list[list[tuple]]]:
     """The answers, and the fused forwards' parts' shapes (rows, queries), forward by forward."""
     executor = TransformersExecutor(model, tokenizer, max_batch_size=8, fused_forward=False)
     runner = executor.runner
     if static_shapes:
         runner.static_shapes, runner.max_graph_rows = True, 256  # as after capture_decode_graphs on CUDA
+    runner.joined = joined
     calls = []
     if fused is not None:
-        def counting(parts, pool):
+        def counting(parts, pool, ends=None):
             calls.append([tuple(part.input_ids.shape) for part in parts])
-            return fused(parts, pool)
+            return fused(parts, pool, ends)
         runner.fused_forward = counting
     try:
         return answers(executor, prompts, max_tokens), calls
@@ -99,6 +101,34 @@ def test_fused_steps_give_the_tokens_and_log_probs_of_transformers_forward(loade
     # chunk, several queries a row); bucketed like the graphs as single-query rows.
     mixed = [shapes for shapes in calls if len(shapes) > 1 and any(queries > 1 for _, queries in shapes)]
     assert bool(mixed) != static_shapes, calls
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["transformers' forward", "fused"])
+def test_prompt_tokens_beyond_the_power_of_two_buckets_give_the_tokens_and_log_probs_of_their_own_prefill(
+        loaded, fused):
+    """The joined buckets (`runner.JoinedBuckets`: beyond 16 rows here), as a burst of new requests' prompts takes
+    them on CUDA: rows padded to `padded_count` sizes, each table 32 blocks wide, the head over the 8 sequences' last
+    rows only."""
+    template = loaded.tokenizer.apply_chat_template
+    prompts = [loaded.tokenizer.encode(template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                tokenize=False)) for q in QUESTIONS]
+    expected, _ = run_with(loaded.model, loaded.tokenizer, prompts, 8, None)
+    forward = FusedForward(loaded.model, compile=False) if fused else None
+    joined = JoinedBuckets(above=16, width=32, head_rows=8)
+    got, calls = run_with(loaded.model, loaded.tokenizer, prompts, 8, forward, True, joined)
+    assert_same_answers(got, expected, 1e-4)
+    if fused:  # the first two prompts (over 16 tokens each) went in as rows of one step, padded to a joined size
+        assert any(len(shapes) == 1 and shapes[0][1] == 1 and shapes[0][0] > 16
+                   and shapes[0][0] == fused_forward.padded_count(shapes[0][0]) for shapes in calls), calls
+
+
+def test_a_step_beyond_the_power_of_two_buckets_with_a_table_wider_than_theirs_is_not_taken_in_a_graph():
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.max_graph_rows, runner.joined = 2048, JoinedBuckets(above=512, width=32, head_rows=256)
+    assert runner.takes_in_graph(512, 400)  # a power-of-two bucket: any width
+    assert runner.takes_in_graph(2048, 32)
+    assert not runner.takes_in_graph(513, 33)
+    assert not runner.takes_in_graph(2049, 1)
 
 
 def test_compiled_pieces_trace_whole_match_their_uncompiled_selves_and_serve_every_layer():
@@ -187,9 +217,9 @@ def test_the_prompt_forwards_warm_up_touches_only_the_trash_block():
         shapes = []
 
         class Recording(FusedForward):
-            def __call__(self, parts, pool):
+            def __call__(self, parts, pool, ends=None):
                 shapes.extend(tuple(part.input_ids.shape) for part in parts)
-                return super().__call__(parts, pool)
+                return super().__call__(parts, pool, ends)
 
         runner.fused_forward = Recording(model, compile=False)
         runner.fused_forward.compiled = True  # as on CUDA, without inductor's compiles

@@ -14,7 +14,7 @@ from test_fused_forward import assert_same_answers, run_with, tiny_llama
 
 from trtllm_model.embedded.block_manager import TRASH_BLOCK
 from trtllm_model.embedded.fused_forward import FusedForward
-from trtllm_model.embedded.runner import ModelRunner
+from trtllm_model.embedded.runner import JoinedBuckets, ModelRunner
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # tests/conftest.py, without a GPU
 DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -84,9 +84,13 @@ def test_heads_the_kernel_cannot_take_are_named(kernel):
             torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long))), 1.0)
 
 
-def test_fused_decode_steps_through_the_kernel_give_the_tokens_and_log_probs_of_transformers_forward(kernel):
-    """Bucketed like the CUDA graphs (padding rows, prompts prefilled as rows of the step): every single-query part
-    goes through the kernel, as on CUDA. (On a GPU host tests/test_cuda_transformers.py checks the served tokens.)"""
+@pytest.mark.parametrize("joined", [None, JoinedBuckets(above=8, width=4, head_rows=8)],
+                         ids=["power-of-two buckets", "joined buckets beyond 8 rows"])
+def test_fused_decode_steps_through_the_kernel_give_the_tokens_and_log_probs_of_transformers_forward(kernel, joined):
+    """Bucketed like the CUDA graphs (padding rows, prompts prefilled as rows of the step; beyond 8 rows, as a burst's
+    prompts are: rows padded to `padded_count` sizes, the head over each sequence's last row): every single-query
+    part goes through the kernel, as on CUDA. (On a GPU host tests/test_cuda_transformers.py checks the served
+    tokens.)"""
     if not INTERPRETED:
         pytest.skip("the CPU engine's tensors need Triton's interpreter")
     model = tiny_llama(2)
@@ -100,9 +104,12 @@ def test_fused_decode_steps_through_the_kernel_give_the_tokens_and_log_probs_of_
         return kernel.decode_attention(*args)
 
     fused.decode_attention = counted  # as on CUDA
-    got, calls = run_with(model, None, prompts, 12, fused, static_shapes=True)
+    got, calls = run_with(model, None, prompts, 12, fused, static_shapes=True, joined=joined)
     assert_same_answers(got, expected, 1e-4)
     assert all(queries == 1 for shapes in calls for _, queries in shapes)
+    # Beyond 8 rows the joined buckets' sizes, not only powers of two.
+    uneven = [rows for shapes in calls for rows, _ in shapes if rows & (rows - 1)]
+    assert bool(uneven) == (joined is not None) and all(rows > 8 for rows in uneven), calls
     assert len(kernel_calls) == 2 * len(calls)  # every layer of every forward
 
 
@@ -115,6 +122,6 @@ def test_a_decode_bucket_read_in_place_needs_no_room_for_gathered_copies(monkeyp
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
     # 256 rows x 512 blocks: 268 MB of gathered keys and values in float32, counted twice.
-    assert not runner._fits_beside_pool(256, 512)
+    assert not runner._fits_beside_pool(256, 512, 256)
     runner.fused_forward.decode_attention = lambda *args: None  # as on CUDA
-    assert runner._fits_beside_pool(256, 512)
+    assert runner._fits_beside_pool(256, 512, 256)

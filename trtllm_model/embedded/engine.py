@@ -62,8 +62,8 @@ from .transfers import to_device
 
 log = logging.getLogger(__name__)
 
-# Prompt tokens a decode step's CUDA graph may prefill beside its decoding rows (captured buckets go up to
-# max_batch_size + this many rows).
+# Prompt tokens a decode step's power-of-two buckets take beside its decoding rows (they go up to max_batch_size + this
+# many rows); beyond them, up to max_num_tokens rows, the runner's joined buckets (`runner.JoinedBuckets`).
 GRAPH_PREFILL_ROWS = 256
 
 # EngineConfig.decode_steps on CUDA, where an iteration's host work outlasted a decode step's GPU time at 256 streams
@@ -230,7 +230,7 @@ class Engine:
         started = time.monotonic()
         greedy_steps = self.config.decode_steps if self.config.overlap_steps else 1
         captured = self.runner.capture_decode_graphs(self.config.max_batch_size + GRAPH_PREFILL_ROWS, greedy_steps,
-                                                     self.config.max_batch_size)
+                                                     self.config.max_batch_size, self.config.max_num_tokens)
         if captured:
             log.info("captured %d decode graphs in %.1f s", captured, time.monotonic() - started)
         started = time.monotonic()
@@ -280,7 +280,7 @@ class Engine:
         admitted = self.scheduler.admit(self.running, self.step_budget.prefill_tokens(len(decoding)))
         context_tokens = sum(sequence.prefill_len for sequence in admitted)  # what the prefills compute
         decoded, joined = len(decoding), len(admitted)
-        joining, admitted = self._prefills_in_decode(admitted, len(decoding))
+        joining, admitted = self._prefills_in_decode(admitted, decoding)
         greedy = self._greedy_steps_ahead(decoding, joining or admitted)
         lap = self._lap("schedule", lap)
         logits, done, launched = None, [], []
@@ -433,21 +433,26 @@ class Engine:
         self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + now - since
         return now
 
-    def _prefills_in_decode(self, admitted: list[Sequence], decoding: int) -> tuple[list[Sequence], list[Sequence]]:
+    def _prefills_in_decode(
+        self, admitted: list[Sequence], decoding: list[Sequence]
+    ) -> tuple[list[Sequence], list[Sequence]]:
         """(prompts prefilled in the decode step's forward, prompts prefilled in forwards of their own). Where the
         runner mixes prompts into its decode forward (the CPU), the first forward's worth of them join
-        (`prefill_groups`): the step reads the weights once. With CUDA graphs a prompt joins the decode step while
-        the rows fit the largest captured bucket: its prefill is then a graph replay instead of an eager forward
-        (about 30 ms of kernel launches for SmolLM2 on an H200)."""
+        (`prefill_groups`): the step reads the weights once. With CUDA graphs a prompt joins the decode step, one row
+        a token, while the step has a graph bucket (`ModelRunner.takes_in_graph`): its prefill is then a graph replay
+        instead of an eager forward (13-18 ms of the host's launches for SmolLM2 on an H200)."""
+        if not admitted:
+            return [], []
         if self.runner.mixes_prompts:
-            groups = prefill_groups(admitted, self.runner.prefill_forward_cost_tokens) or [[]]
+            groups = prefill_groups(admitted, self.runner.prefill_forward_cost_tokens)
             return groups[0], [sequence for group in groups[1:] for sequence in group]
-        rows_left = self.runner.max_graph_rows - decoding
+        rows, width = len(decoding), max((len(sequence.blocks.block_ids) for sequence in decoding), default=0)
         joining, apart = [], []
         for sequence in admitted:
-            if sequence.prefill_len <= rows_left and not apart:  # first come, first prefilled
+            with_it = rows + sequence.prefill_len, max(width, len(sequence.blocks.block_ids))
+            if not apart and self.runner.takes_in_graph(*with_it):  # first come, first prefilled
                 joining.append(sequence)
-                rows_left -= sequence.prefill_len
+                rows, width = with_it
             else:
                 apart.append(sequence)
         return joining, apart

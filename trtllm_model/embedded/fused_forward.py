@@ -106,10 +106,11 @@ class FusedForward:
         self._between = wrap(self._between_attentions)
         self._last = wrap(self._last_logits)
 
-    def __call__(self, parts: list[StepInputs], pool: KvBlockPool) -> torch.Tensor:
-        """`[rows, vocab]` float32 logits at each row's last query, part after part. The parts' tokens go through the
-        dense pieces together (each weight read once a forward) and attend part by part, so decode rows and a
-        prompt's chunk can share a forward (`ModelRunner.mixes_prompts`)."""
+    def __call__(self, parts: list[StepInputs], pool: KvBlockPool, ends: torch.Tensor | None = None) -> torch.Tensor:
+        """`[rows, vocab]` float32 logits at each row's last query, part after part; with `ends`, `[len(ends), vocab]`
+        at those tokens (a prompt's tokens as rows of a decode step: only its last one's). The parts' tokens go
+        through the dense pieces together (each weight read once a forward) and attend part by part, so decode rows
+        and a prompt's chunk can share a forward (`ModelRunner.mixes_prompts`)."""
         shapes = [tuple(part.input_ids.shape) for part in parts]
         tokens, rows = sum(r * q for r, q in shapes), sum(r for r, _ in shapes)
         # With compiled pieces (`pads`), a prompt chunk's tokens go through them padded to a bucket (`padded_count`),
@@ -124,7 +125,7 @@ class FusedForward:
         # The compiled pieces work on tokens (`[padded, ...]`), the attention on each part's rows.
         hidden = self.embed(ids)
         cos, sin = (part.reshape(padded, -1) for part in self.rotary(hidden, positions))
-        attending, ends, offset = [], [], 0
+        attending, last_tokens, offset = [], [], 0
         for part, (part_rows, queries) in zip(parts, shapes):
             mask = positions = None  # neither: a prompt's first chunk, one row, eager: causal (see `_attend`)
             if queries == 1 and self.decode_attention is not None:
@@ -139,11 +140,16 @@ class FusedForward:
                     mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
             attending.append(_PartAttention(offset, part_rows * queries, part_rows, part.slot_mapping,
                                             part.block_tables, mask, positions))
-            ends.append(torch.arange(offset + queries - 1, offset + part_rows * queries, queries, device=hidden.device))
+            if ends is None:
+                last_tokens.append(torch.arange(offset + queries - 1, offset + part_rows * queries, queries,
+                                                device=hidden.device))
             offset += part_rows * queries
-        ends = _joined(ends)  # each row's last token; the head's padding rows read the last row's again
-        if head_rows > rows:
-            ends = F.pad(ends, (0, head_rows - rows), value=tokens - 1)
+        if ends is not None:
+            rows = ends.shape[0]
+        else:
+            ends = _joined(last_tokens)  # each row's last token; the head's padding rows read the last row's again
+            if head_rows > rows:
+                ends = F.pad(ends, (0, head_rows - rows), value=tokens - 1)
 
         def attend(index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
             attention = _joined([

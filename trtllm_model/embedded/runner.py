@@ -7,6 +7,11 @@ addresses a CUDA graph of the decode step replays. With `cuda_graphs` (CUDA and 
 decode forward is captured on its first use (after a warm-up on a side stream; the buckets share one private memory
 pool) and replayed after, the logits read from the graph's static output.
 
+A decode step may also take prompt tokens as rows of their own (`decode`'s prefills): a prompt's prefill is then a
+graph replay, not an eager forward whose launches cost an H200's host 13-18 ms. Beyond the power-of-two buckets (the
+many prompt tokens of a burst of new requests) rows pad to `fused_forward.padded_count` sizes and the head runs over
+each sequence's last row only (`JoinedBuckets`).
+
 A decode step may feed some rows a token that is still on the device (the engine's overlapped steps), and several
 greedy steps may go as one launch (`decode_greedy`: each step's argmax fed to the next on the device; on CUDA one graph
 a bucket). Without static shapes (the CPU), rows whose block tables differ a lot attend apart (`padded_groups`), and
@@ -20,6 +25,7 @@ import inspect
 import itertools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -38,6 +44,22 @@ log = logging.getLogger(__name__)
 
 # GPU memory a bucket's capture leaves free beyond its estimated peak (the estimate is rough).
 GRAPH_MEMORY_MARGIN_BYTES = 256 << 20
+# The context a row of a step beyond the power-of-two buckets may have (`JoinedBuckets.width`): each prompt token
+# attends as a decode row over its own keys (the paged decode kernel), which suits chat prompts; longer chunks go to
+# a prompt forward of their own, whose attention is SDPA's.
+JOINED_CONTEXT_TOKENS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class JoinedBuckets:
+    """Decode steps of more rows than the power-of-two buckets (`above`), as a burst of new requests' prompt tokens
+    make: rows pad to `fused_forward.padded_count` sizes (at most 12.5 % more, where a power of two could double a
+    step's matmuls), every table is `width` blocks wide (one graph a size), and the head runs over `head_rows`
+    rows, each sequence's last (a step holds at most that many sequences), not over every prompt token."""
+
+    above: int
+    width: int
+    head_rows: int
 
 
 class ModelRunner:
@@ -77,13 +99,15 @@ class ModelRunner:
         self.prefill_forward_cost_tokens: float = 4096.0 if self.device.type == "cuda" else 64.0
         self.pool: KvBlockPool | None = None
         self._static_inputs: dict[tuple[int, int], StepInputs] = {}  # (rows, width) -> that bucket's tensors
+        self._static_ends: dict[tuple[int, int], torch.Tensor] = {}  # joined buckets' head rows, likewise
         self.cuda_graphs = cuda_graphs and self.static_shapes and self.device.type == "cuda"
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, logits)
         # (rows, width, steps) -> (graph, [steps, rows] tokens): `decode_greedy`'s steps as one graph
         self._greedy_graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._greedy_bans: dict[int, torch.Tensor] = {}  # rows -> `[2, rows]` end ids and ban steps (static on CUDA)
         self._graph_pool = None
-        self.max_graph_rows = 0  # rows of the largest captured bucket (capture_decode_graphs)
+        self.max_graph_rows = 0  # rows of the largest bucket a decode step may take (capture_decode_graphs)
+        self.joined: JoinedBuckets | None = None  # the buckets beyond the powers of two (capture_decode_graphs)
         self._eager_buckets: set[tuple[int, int]] = set()  # not captured: the GPU memory left was too little
         # transformers 5.x renamed `past_key_values` to `cache`; accept either.
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -109,6 +133,7 @@ class ModelRunner:
         weights = sum(parameter.numel() * parameter.element_size() for parameter in self.model.parameters())
         self._forward_cost_blocks = weights / (self.kv_bytes_per_token * block_size)
         self._static_inputs.clear()
+        self._static_ends.clear()
         self._graphs.clear()  # they captured the old pool's addresses
         self._greedy_graphs.clear()
         self._eager_buckets.clear()
@@ -182,15 +207,14 @@ class ModelRunner:
         built once (as `decode`'s) and advanced on the device; with CUDA graphs the steps replay as one graph (its
         tokens tensor: read or copy it before the next replay). Each row's blocks must cover its last step's
         position."""
-        inputs, _ = self._decode_inputs(sequences, (), fed)
+        inputs, _, _ = self._decode_inputs(sequences, (), fed)
         rows = inputs.input_ids.shape[0]
         host = np.zeros((2, rows), dtype=np.int64)  # padding rows: end id 0, never banned
         host[0, : len(sequences)], host[1, : len(sequences)] = end_ids, bans
         ban = self._greedy_bans.get(rows)
         if ban is None or not self.static_shapes:
             ban = self._greedy_bans[rows] = torch.empty((2, rows), dtype=torch.long, device=self.device)
-        ban.copy_(torch.from_numpy(host).pin_memory() if self.device.type == "cuda" else torch.from_numpy(host),
-                  non_blocking=True)
+        ban.copy_(_pinned(torch.from_numpy(host), self.device), non_blocking=True)
         run = self._graph_tokens if self.cuda_graphs else self._greedy_steps
         return run(inputs, ban, steps)[:, : len(sequences)]
 
@@ -230,7 +254,10 @@ class ModelRunner:
         and values, then attends over its sequence's blocks up to its own position (within one forward every row
         writes before any row reads, so a prompt's rows see each other). `[len(sequences) + len(prefills), vocab]`
         logits: the decoding rows', then each prefill chunk's last token's."""
-        inputs, keep = self._decode_inputs(sequences, prefills, fed)
+        inputs, keep, ends = self._decode_inputs(sequences, prefills, fed)
+        if ends is not None:  # a joined bucket: the head ran over the rows to keep, in order, then padding
+            logits = self._graph_logits(inputs, ends) if self.cuda_graphs else self._forward(inputs, ends=ends)
+            return logits[: len(sequences) + len(prefills)].clone()
         if self.cuda_graphs:
             # The graph's own output, which the next replay overwrites: indexing copies it, a slice would not.
             logits = self._graph_logits(inputs)
@@ -242,9 +269,10 @@ class ModelRunner:
 
     def _decode_inputs(
         self, sequences: list[Sequence], prefills: list[Sequence] = (), fed: torch.Tensor | None = None
-    ) -> tuple[StepInputs, torch.Tensor | None]:
-        """`_decode_rows`' inputs on the device (with static shapes: bucketed, in the bucket's own tensors), and the
-        logits rows to keep when prefill rows are among them. A sequence with a token still on the device
+    ) -> tuple[StepInputs, torch.Tensor | None, torch.Tensor | None]:
+        """`_decode_rows`' inputs on the device (with static shapes: bucketed, in the bucket's own tensors); the
+        logits rows to keep when prefill rows are among them; in a joined bucket (`JoinedBuckets`) instead the rows
+        the head runs over (the kept ones, then the last again as padding). A sequence with a token still on the device
         (`pending`, the engine's overlapped steps) is fed row `device_row` of `fed`, the in-flight step's sampled
         tokens, without the host reading it."""
         block_size = self.pool.block_size
@@ -256,7 +284,13 @@ class ModelRunner:
         spans = [(s.num_computed, s.prefill_end) for s in prefills]
         rows = decoding + sum(end - start for start, end in spans)
         width = max([int(lengths.max(initial=0)), *(len(s.blocks.block_ids) for s in prefills)])
-        if self.static_shapes:
+        joined = self.static_shapes and self.joined is not None and rows > self.joined.above
+        if joined:
+            if width > self.joined.width:
+                raise ValueError(f"a decode step of {rows} rows has a table of {width} blocks; beyond "
+                                 f"{self.joined.above} rows at most {self.joined.width} (takes_in_graph)")
+            rows, width = fused_forward.padded_count(rows), self.joined.width
+        elif self.static_shapes:
             rows, width = _bucket(rows), min(_bucket(width), self.max_blocks_per_sequence)
         # Padding rows: token 0 at position 0 of the trash block (their tables are all trash).
         ids = np.zeros(rows, dtype=np.int64)
@@ -276,13 +310,21 @@ class ModelRunner:
             row += end - start
         slots = tables[np.arange(rows), positions // block_size] * block_size + positions % block_size
         inputs = StepInputs(*(torch.from_numpy(array) for array in (ids[:, None], positions[:, None], slots, tables)))
-        keep = None  # logits rows to return, when prefill rows are among them
-        if prefills:
+        keep = ends = None  # logits rows to return, when prefill rows are among them
+        if prefills or joined:  # each sequence's last row
             last_rows = np.cumsum([*([1] * decoding), *(end - start for start, end in spans)]) - 1
+        if joined:
+            head = np.full(self.joined.head_rows, last_rows[-1], dtype=np.int64)
+            head[: len(last_rows)] = last_rows
+            ends = self._static_ends.get((rows, width))
+            if ends is None:
+                ends = self._static_ends[(rows, width)] = torch.empty_like(torch.from_numpy(head), device=self.device)
+            ends.copy_(_pinned(torch.from_numpy(head), self.device), non_blocking=True)
+        elif prefills:
             keep = to_device(torch.from_numpy(last_rows), self.device)
         inputs = self._static_copy(inputs) if self.static_shapes else self._on_device(inputs)
         self._feed_device_tokens(inputs.input_ids, sequences, fed)
-        return inputs, keep
+        return inputs, keep, ends
 
     def _feed_device_tokens(self, input_ids: torch.Tensor, sequences: list[Sequence], fed: torch.Tensor | None) -> None:
         """Write the pending sequences' tokens from `fed` (on the device) into their rows of `input_ids`."""
@@ -296,38 +338,60 @@ class ModelRunner:
             return
         input_ids[to_device(rows, self.device, torch.long), 0] = fed[to_device(sources, self.device, torch.long)]
 
-    def capture_decode_graphs(self, max_rows: int, greedy_steps: int = 1, greedy_rows: int = 0) -> int:
+    def capture_decode_graphs(self, max_rows: int, greedy_steps: int = 1, greedy_rows: int = 0,
+                              step_rows: int = 0) -> int:
         """With `cuda_graphs`, capture every decode bucket up to `max_rows` rows (decoding sequences and prompt
         tokens prefilled in the same forward, see `decode`) whose rows x width fits the pool's blocks, largest first
         (the graphs share one memory pool), so no request waits for a capture. A bucket whose forward would not fit
         in the GPU memory left beside the pool is not captured: it runs eagerly (`_graph_logits`). A bucket beyond
         these (possible with shared prefixes) is captured on first use. With `greedy_steps` > 1, the buckets of up
-        to `greedy_rows` rows also get `decode_greedy`'s graph of that many steps. Returns how many were captured."""
+        to `greedy_rows` rows (the most sequences a step holds) also get `decode_greedy`'s graph of that many steps.
+        With fused forwards and `step_rows` (the most rows a step has: max_num_tokens) beyond those buckets, the
+        joined buckets up to it (`JoinedBuckets`). Returns how many were captured."""
         if not self.cuda_graphs:
             return 0
-        block_size = self.pool.block_size
         most = self.max_blocks_per_sequence
         widths = {min(1 << n, most) for n in range(_bucket(most).bit_length())}  # as decode() pads them
         rows_buckets = [1 << n for n in range(_bucket(max_rows).bit_length())]
         buckets = [(rows, width) for rows in rows_buckets for width in widths if rows * width <= self.pool.num_blocks]
         for rows, width in sorted(buckets, key=lambda bucket: -bucket[0] * bucket[1]):
-            # Every row a padding row: token 0 at position 0, its key and value written to the trash block.
-            inputs = StepInputs(
-                torch.zeros((rows, 1), dtype=torch.long),
-                torch.zeros((rows, 1), dtype=torch.long),
-                torch.full((rows,), TRASH_BLOCK * block_size, dtype=torch.long),
-                torch.full((rows, width), TRASH_BLOCK, dtype=torch.long),
-            )
-            self._graph_logits(self._static_copy(inputs))
+            inputs = self._static_copy(self._padding_inputs(rows, width))
+            self._graph_logits(inputs)
             if greedy_steps > 1 and rows <= _bucket(greedy_rows):
                 ban = self._greedy_bans.setdefault(rows, torch.zeros((2, rows), dtype=torch.long, device=self.device))
-                self._graph_tokens(self._static_copy(inputs), ban, greedy_steps)
+                self._graph_tokens(inputs, ban, greedy_steps)
         self.max_graph_rows = max((rows for rows, _ in self._graphs), default=0)
+        if self.fused_forward is not None and step_rows > self.max_graph_rows:
+            width = min(_bucket(-(-JOINED_CONTEXT_TOKENS // self.pool.block_size)), most)
+            self.joined = JoinedBuckets(self.max_graph_rows, width, _bucket(greedy_rows or max_rows))
+            joined = [rows for rows in fused_forward.padded_counts(step_rows) if rows > self.joined.above]
+            for rows in reversed(joined):
+                ends = self._static_ends.setdefault((rows, width), torch.zeros(
+                    self.joined.head_rows, dtype=torch.long, device=self.device))
+                self._graph_logits(self._static_copy(self._padding_inputs(rows, width)), ends)
+                buckets.append((rows, width))
+            self.max_graph_rows = max(self.max_graph_rows, *(rows for rows, _ in self._graphs))
         if self._eager_buckets:
             log.warning("%d of %d decode buckets run eagerly: their forward does not fit in the GPU memory left "
                         "beside the KV pool (lower kv_cache_free_gpu_mem_fraction to capture them)",
                         len(self._eager_buckets), len(buckets))
         return len(self._graphs) + len(self._greedy_graphs)
+
+    def takes_in_graph(self, rows: int, width: int) -> bool:
+        """Whether a decode step of `rows` rows (decoding sequences and prompt tokens) whose widest table has `width`
+        blocks has a graph bucket: up to `max_graph_rows` rows, and beyond the power-of-two buckets at most
+        `JoinedBuckets.width` blocks."""
+        return rows <= self.max_graph_rows and (self.joined is None or rows <= self.joined.above
+                                                or width <= self.joined.width)
+
+    def _padding_inputs(self, rows: int, width: int) -> StepInputs:
+        """A decode step of padding rows only, on the host: token 0 at position 0, written to the trash block."""
+        return StepInputs(
+            torch.zeros((rows, 1), dtype=torch.long),
+            torch.zeros((rows, 1), dtype=torch.long),
+            torch.full((rows,), TRASH_BLOCK * self.pool.block_size, dtype=torch.long),
+            torch.full((rows, width), TRASH_BLOCK, dtype=torch.long),
+        )
 
     def warm_up_prefill(self, max_tokens: int, max_rows: int) -> bool:
         """With fused forwards, compile the prompt forwards now (each compile a few seconds on a GPU) rather than in
@@ -351,16 +415,16 @@ class ModelRunner:
             )))
         return True
 
-    def _fits_beside_pool(self, rows: int, width: int) -> bool:
+    def _fits_beside_pool(self, rows: int, width: int, head_rows: int) -> bool:
         """Whether a decode forward of this bucket fits in the GPU memory free now (an estimate of its peak: the
-        gathered keys and values, twice, unless the paged kernel reads them in the pool; the logits in both dtypes,
-        the layer activations), with a margin."""
+        gathered keys and values, twice, unless the paged kernel reads them in the pool; the logits of its
+        `head_rows` in both dtypes, the layer activations), with a margin."""
         in_place = self.fused_forward is not None and self.fused_forward.decode_attention is not None
         gathered = 0 if in_place else (
             2 * rows * width * self.pool.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize)
         config = self.model.config
         activations = rows * (config.hidden_size + 2 * getattr(config, "intermediate_size", 0)) * 4 * 4
-        need = 2 * gathered + rows * self.vocab_size * (self.dtype.itemsize + 8) + activations
+        need = 2 * gathered + head_rows * self.vocab_size * (self.dtype.itemsize + 8) + activations
         free, _ = torch.cuda.mem_get_info(self.device)
         cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         return need + GRAPH_MEMORY_MARGIN_BYTES <= free + cached
@@ -375,11 +439,11 @@ class ModelRunner:
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
         return self.model(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
 
-    def _forward(self, *parts: StepInputs) -> torch.Tensor:
-        """`[rows, vocab]` float logits at each row's last query, part after part: `fused_forward`'s when the runner
-        has one, else transformers' forward over the pool (one part)."""
+    def _forward(self, *parts: StepInputs, ends: torch.Tensor | None = None) -> torch.Tensor:
+        """`[rows, vocab]` float logits at each row's last query, part after part (with `ends`, at those token rows
+        instead): `fused_forward`'s when the runner has one, else transformers' forward over the pool (one part)."""
         if self.fused_forward is not None:
-            return self.fused_forward(list(parts), self.pool)
+            return self.fused_forward(list(parts), self.pool, ends)
         (inputs,) = parts
         output = self.model(
             input_ids=inputs.input_ids,
@@ -389,7 +453,8 @@ class ModelRunner:
             logits_to_keep=1,  # the lm_head over every prompt position would cost more than the rest of prefill
             **{self._cache_kwarg: PagedCache(self.pool, inputs)},
         )
-        return output.logits[:, -1, :].float()
+        logits = output.logits[:, -1, :].float()
+        return logits if ends is None else logits[ends]
 
     def _on_device(self, inputs: StepInputs) -> StepInputs:
         if self.device.type == "cpu":
@@ -404,19 +469,21 @@ class ModelRunner:
             static = StepInputs(*(torch.empty_like(tensor, device=self.device) for tensor in _fields(inputs)))
             self._static_inputs[key] = static
         for target, source in zip(_fields(static), _fields(inputs)):
-            target.copy_(source.pin_memory() if self.device.type == "cuda" else source, non_blocking=True)
+            target.copy_(_pinned(source, self.device), non_blocking=True)
         return static
 
 
-    def _graph_logits(self, inputs: StepInputs) -> torch.Tensor:
-        """The decode forward of `inputs`' bucket replayed (captured first if new); the graph's own logits tensor."""
+    def _graph_logits(self, inputs: StepInputs, ends: torch.Tensor | None = None) -> torch.Tensor:
+        """The decode forward of `inputs`' bucket replayed (captured first if new); the graph's own logits tensor.
+        `ends`: a joined bucket's head rows (its own static tensor)."""
         key = tuple(inputs.block_tables.shape)
         captured = self._graphs.get(key)
         if captured is None:
-            if key in self._eager_buckets or not self._fits_beside_pool(*key):
+            head_rows = key[0] if ends is None else ends.shape[0]
+            if key in self._eager_buckets or not self._fits_beside_pool(*key, head_rows):
                 self._eager_buckets.add(key)
-                return self._forward(inputs)
-            captured = self._graphs[key] = self._capture(inputs)
+                return self._forward(inputs, ends=ends)
+            captured = self._graphs[key] = self._capture(inputs, lambda: self._forward(inputs, ends=ends))
         graph, logits = captured
         graph.replay()
         return logits
@@ -427,7 +494,7 @@ class ModelRunner:
         key = (*inputs.block_tables.shape, steps)
         captured = self._greedy_graphs.get(key)
         if captured is None:
-            if key[:2] in self._eager_buckets or not self._fits_beside_pool(*key[:2]):
+            if key[:2] in self._eager_buckets or not self._fits_beside_pool(*key[:2], key[0]):
                 self._eager_buckets.add(key[:2])
                 return self._greedy_steps(inputs, ban, steps)
             captured = self._greedy_graphs[key] = self._capture(inputs, lambda: self._greedy_steps(inputs, ban, steps))
@@ -461,6 +528,11 @@ class ModelRunner:
 
 def _fields(inputs: StepInputs) -> tuple[torch.Tensor, ...]:
     return inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.block_tables
+
+
+def _pinned(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The host tensor in pinned memory for a copy to a CUDA `device` (a copy from pageable memory waits)."""
+    return tensor.pin_memory() if device.type == "cuda" else tensor
 
 
 def _bucket(count: int) -> int:
