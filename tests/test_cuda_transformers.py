@@ -161,7 +161,7 @@ def test_buckets_without_memory_for_a_graph_run_eagerly_with_the_same_tokens(mon
     answers = {}
     for starved in (False, True):
         if starved:  # only single-row buckets fit
-            monkeypatch.setattr(ModelRunner, "_fits_beside_pool", lambda self, rows, width: rows == 1)
+            monkeypatch.setattr(ModelRunner, "_fits_beside_pool", lambda self, rows, width, head_rows: rows == 1)
         executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=4,
                                         kv_cache_memory_bytes=1 << 30)
         try:
