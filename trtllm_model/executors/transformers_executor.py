@@ -8,8 +8,8 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   model_dir        Hugging Face checkpoint directory; unset: the embedded SmolLM2 (dequantised once, then cached)
   model_cache_dir  where the dequantised SmolLM2 is kept (default $XDG_CACHE_HOME/trtllm_triton)
   device           cpu (default), cuda or cuda:N
-  dtype            float32, bfloat16 or float16. Default bfloat16 on CUDA; on a CPU, bfloat16 where its matmuls
-                   measure clearly faster than float32's at start, else float32 (embedded/model_loading.default_dtype)
+  dtype            float32, bfloat16 or float16. Default bfloat16, except float32 on a CPU without bfloat16 dot
+                   products (AVX512-BF16, AMX), where bfloat16 is emulated (embedded/model_loading.default_dtype)
   torch_threads    torch intra-op threads; unset on CPU: one per core of this process's affinity that other
                    processes do not keep busy, measured every second (embedded/cpu_share.py), at least one
   engine_process   true: the engine runs in a worker process of its own (executors/engine_client.py), the stub
