@@ -135,7 +135,7 @@ def test_cuda_graph_decode_gives_the_greedy_tokens_of_the_eager_decode():
         try:
             runs[graphs] = (_greedy_answers(executor, prompts[:4], concurrent=False),
                             _greedy_answers(executor, prompts, concurrent=True))
-            captured = len(executor.runner._graphs)
+            captured = len(executor.runner.graphs.forwards)
         finally:
             executor.shutdown()
         assert captured > 1 if graphs else captured == 0
@@ -152,8 +152,8 @@ def test_buckets_without_memory_for_a_graph_run_eagerly_with_the_same_tokens(mon
     load, as it did on the H200 beside a process holding most of the GPU): it runs eagerly, with the graphs'
     greedy tokens (float32, one request at a time)."""
     from trtllm_model.detokenizer import chat_prompt_ids
+    from trtllm_model.embedded.decode_graphs import DecodeGraphs
     from trtllm_model.embedded.model_loading import load_model
-    from trtllm_model.embedded.runner import ModelRunner
     from trtllm_model.executors.transformers_executor import TransformersExecutor
 
     loaded = load_model(device="cuda", dtype="float32")
@@ -161,13 +161,13 @@ def test_buckets_without_memory_for_a_graph_run_eagerly_with_the_same_tokens(mon
     answers = {}
     for starved in (False, True):
         if starved:  # only single-row buckets fit
-            monkeypatch.setattr(ModelRunner, "_fits_beside_pool", lambda self, rows, width, head_rows: rows == 1)
+            monkeypatch.setattr(DecodeGraphs, "fits_beside_pool", lambda self, rows, width, head_rows: rows == 1)
         executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=4,
                                         kv_cache_memory_bytes=1 << 30)
         try:
             answers[starved] = _greedy_answers(executor, prompts, concurrent=False)
             runner = executor.runner
-            graphs, eager = set(runner._graphs), set(runner._eager_buckets)
+            graphs, eager = set(runner.graphs.forwards), set(runner.graphs.eager_buckets)
         finally:
             executor.shutdown()
         if starved:

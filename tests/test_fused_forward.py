@@ -15,10 +15,11 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from trtllm_model.embedded import fused_forward
 from trtllm_model.embedded.block_manager import TRASH_BLOCK
+from trtllm_model.embedded.decode_graphs import DecodeGraphs, JoinedBuckets
 from trtllm_model.embedded.fused_forward import FusedForward
 from trtllm_model.embedded.kv_cache import StepInputs
 from trtllm_model.embedded.model_loading import load_model
-from trtllm_model.embedded.runner import JoinedBuckets, ModelRunner
+from trtllm_model.embedded.runner import ModelRunner
 from trtllm_model.executor_interface import GenerationRequest, Step
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
 from trtllm_model.params import ConfigError, Params
@@ -67,8 +68,8 @@ def run_with(model: torch.nn.Module, tokenizer, prompts: list[list[int]], max_to
     executor = TransformersExecutor(model, tokenizer, max_batch_size=8, fused_forward=False)
     runner = executor.runner
     if static_shapes:
-        runner.static_shapes, runner.max_graph_rows = True, 256  # as after capture_decode_graphs on CUDA
-    runner.joined = joined
+        runner.static_shapes, runner.graphs.max_rows = True, 256  # as after capture_decode_graphs on CUDA
+    runner.graphs.joined = joined
     calls = []
     if fused is not None:
         def counting(parts, pool, ends=None):
@@ -106,9 +107,9 @@ def test_fused_steps_give_the_tokens_and_log_probs_of_transformers_forward(loade
 @pytest.mark.parametrize("fused", [False, True], ids=["transformers' forward", "fused"])
 def test_prompt_tokens_beyond_the_power_of_two_buckets_give_the_tokens_and_log_probs_of_their_own_prefill(
         loaded, fused):
-    """The joined buckets (`runner.JoinedBuckets`: beyond 16 rows here), as a burst of new requests' prompts takes
-    them on CUDA: rows padded to `padded_count` sizes, each table 32 blocks wide, the head over the 8 sequences' last
-    rows only."""
+    """The joined buckets (`decode_graphs.JoinedBuckets`: beyond 16 rows here), as a burst of new requests' prompts
+    takes them on CUDA: rows padded to `padded_count` sizes, each table 32 blocks wide, the head over the 8 sequences'
+    last rows only."""
     template = loaded.tokenizer.apply_chat_template
     prompts = [loaded.tokenizer.encode(template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                 tokenize=False)) for q in QUESTIONS]
@@ -124,7 +125,8 @@ def test_prompt_tokens_beyond_the_power_of_two_buckets_give_the_tokens_and_log_p
 
 def test_a_step_beyond_the_power_of_two_buckets_with_a_table_wider_than_theirs_is_not_taken_in_a_graph():
     runner = ModelRunner.__new__(ModelRunner)
-    runner.max_graph_rows, runner.joined = 2048, JoinedBuckets(above=512, width=32, head_rows=256)
+    runner.graphs = DecodeGraphs(runner)
+    runner.graphs.max_rows, runner.graphs.joined = 2048, JoinedBuckets(above=512, width=32, head_rows=256)
     assert runner.takes_in_graph(512, 400)  # a power-of-two bucket: any width
     assert runner.takes_in_graph(2048, 32)
     assert not runner.takes_in_graph(513, 33)

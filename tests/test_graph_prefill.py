@@ -46,7 +46,7 @@ def test_prompts_prefilled_in_the_decode_step_give_the_tokens_of_their_own_prefi
 
     folded = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8)
     runner = folded.runner
-    runner.static_shapes, runner.max_graph_rows = True, 256  # as after capture_decode_graphs on CUDA
+    runner.static_shapes, runner.graphs.max_rows = True, 256  # as after capture_decode_graphs on CUDA
     calls = {"prefill rows": 0, "apart": 0}
     decode, prefill = runner.decode, runner.prefill
 
@@ -71,7 +71,7 @@ def test_prompts_whose_decode_step_fails_are_prefilled_apart_and_served(loaded):
     """A forward with prompts in it that raises (theirs, as the decode alone then succeeds) costs nobody a token."""
     executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8)
     runner = executor.runner
-    runner.static_shapes, runner.max_graph_rows = True, 256
+    runner.static_shapes, runner.graphs.max_rows = True, 256
     decode = runner.decode
     failed = []
 

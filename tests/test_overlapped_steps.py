@@ -130,7 +130,7 @@ def test_greedy_steps_give_the_tokens_of_plain_steps_however_requests_end(loaded
     executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, overlap_steps=True,
                                     decode_steps=4)
     if static:
-        executor.runner.static_shapes, executor.runner.max_graph_rows = True, 256  # as after capture on CUDA
+        executor.runner.static_shapes, executor.runner.graphs.max_rows = True, 256  # as after capture on CUDA
     try:
         base = [GenerationRequest(input_ids=[1, 800 + 7 * i, 31], max_tokens=[1, 2, 3, 5, 17, 30][i]) for i in range(6)]
         reference = [outcome(steps) for steps in run_all(plain, base)]
@@ -215,7 +215,7 @@ def test_overlapped_steps_on_the_graphs_static_inputs_give_the_same_tokens(loade
     static input tensor, the steps after an iteration's first advanced on the device (run here on CPU)."""
     folded = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=8, overlap_steps=True,
                                   decode_steps=decode_steps)
-    folded.runner.static_shapes, folded.runner.max_graph_rows = True, 256  # as after capture_decode_graphs on CUDA
+    folded.runner.static_shapes, folded.runner.graphs.max_rows = True, 256  # as after capture_decode_graphs on CUDA
     try:
         requests = [GenerationRequest(input_ids=[1, 2, 600 + 13 * i] * (i + 1), max_tokens=9 + 2 * i) for i in range(5)]
         expected = [outcome(steps) for steps in run_all(plain, requests)]

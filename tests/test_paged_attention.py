@@ -13,8 +13,9 @@ import torch
 from test_fused_forward import assert_same_answers, run_with, tiny_llama
 
 from trtllm_model.embedded.block_manager import TRASH_BLOCK
+from trtllm_model.embedded.decode_graphs import JoinedBuckets
 from trtllm_model.embedded.fused_forward import FusedForward
-from trtllm_model.embedded.runner import JoinedBuckets, ModelRunner
+from trtllm_model.embedded.runner import ModelRunner
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # tests/conftest.py, without a GPU
 DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -122,6 +123,6 @@ def test_a_decode_bucket_read_in_place_needs_no_room_for_gathered_copies(monkeyp
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
     # 256 rows x 512 blocks: 268 MB of gathered keys and values in float32, counted twice.
-    assert not runner._fits_beside_pool(256, 512, 256)
+    assert not runner.graphs.fits_beside_pool(256, 512, 256)
     runner.fused_forward.decode_attention = lambda *args: None  # as on CUDA
-    assert runner._fits_beside_pool(256, 512, 256)
+    assert runner.graphs.fits_beside_pool(256, 512, 256)

@@ -2,7 +2,8 @@
 
 One file, one job: `model_loading` (weights and tokenizer), `kv_budget` (the pool's size from the memory budget),
 `block_manager` (which KV blocks each sequence holds, shared prefixes, eviction), `kv_cache` (the block pool's
-tensors and the per-step view the model's forward reads), `runner` (a step's inputs and forwards), `sequence`
-(one request's state), `sampling` (logits -> tokens), `guided` (grammar token masks), `scheduler` (who runs this
-step), `engine` (the loop on its own thread), `cpu_share` (torch threads that follow the free cores).
+tensors and the per-step view the model's forward reads), `runner` (a step's inputs and forwards), `decode_graphs`
+(the decode steps' CUDA graphs), `sequence` (one request's state), `sampling` (logits -> tokens), `guided` (grammar
+token masks), `scheduler` (who runs this step), `engine` (the loop on its own thread), `cpu_share` (torch threads
+that follow the free cores).
 """

@@ -63,7 +63,7 @@ from .transfers import to_device
 log = logging.getLogger(__name__)
 
 # Prompt tokens a decode step's power-of-two buckets take beside its decoding rows (they go up to max_batch_size + this
-# many rows); beyond them, up to max_num_tokens rows, the runner's joined buckets (`runner.JoinedBuckets`).
+# many rows); beyond them, up to max_num_tokens rows, the runner's joined buckets (`decode_graphs.JoinedBuckets`).
 GRAPH_PREFILL_ROWS = 256
 
 # EngineConfig.decode_steps on CUDA, where an iteration's host work outlasted a decode step's GPU time at 256 streams

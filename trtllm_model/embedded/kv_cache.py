@@ -71,6 +71,10 @@ class StepInputs:
     slot_mapping: torch.Tensor  # [rows * queries]: block * block_size + offset; padding: a slot of the trash block
     block_tables: torch.Tensor  # [rows, width]; past a row's blocks: the trash block
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The four tensors in field order (what the runner copies to the device, a graph's capture saves)."""
+        return self.input_ids, self.positions, self.slot_mapping, self.block_tables
+
     def attention_mask(self, block_size: int) -> torch.Tensor:
         """`[rows, 1, queries, width x block_size]`: a query sees the keys at or before its own position, so never
         another row's, nor past its own context; a padding query (position 0) sees one key and is never empty."""

@@ -3,14 +3,13 @@
 The runner owns the KV block pool and builds each step's inputs (`kv_cache.StepInputs`) from the sequences'
 block tables. With `static_shapes` (the default on CUDA) a decode step is padded to bucketed sizes (rows and
 table width, powers of two) and its inputs are copied in place into tensors kept per bucket: the shapes and
-addresses a CUDA graph of the decode step replays. With `cuda_graphs` (CUDA and static shapes only) each bucket's
-decode forward is captured on its first use (after a warm-up on a side stream; the buckets share one private memory
-pool) and replayed after, the logits read from the graph's static output.
+addresses a CUDA graph of the decode step replays. With `cuda_graphs` (CUDA and static shapes only) a decode step
+replays its bucket's graph (`self.graphs`: decode_graphs.py captures and replays them).
 
 A decode step may also take prompt tokens as rows of their own (`decode`'s prefills): a prompt's prefill is then a
 graph replay, not an eager forward whose launches cost an H200's host 13-18 ms. Beyond the power-of-two buckets (the
 many prompt tokens of a burst of new requests) rows pad to `fused_forward.padded_count` sizes and the head runs over
-each sequence's last row only (`JoinedBuckets`).
+each sequence's last row only (`decode_graphs.JoinedBuckets`).
 
 A decode step may feed some rows a token that is still on the device (the engine's overlapped steps), and several
 greedy steps may go as one launch (`decode_greedy`: each step's argmax fed to the next on the device; on CUDA one graph
@@ -23,9 +22,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
-import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,33 +29,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import fused_forward
 from .block_manager import TRASH_BLOCK
+from .decode_graphs import DecodeGraphs, bucket
 from .kv_cache import KvBlockPool, PagedCache, StepInputs
 from .model_patches import use_fused_rms_norm, use_grouped_decode_attention
 from .padded_groups import padded_groups
 from .sequence import Sequence
 from .transfers import to_device
-
-log = logging.getLogger(__name__)
-
-
-# GPU memory a bucket's capture leaves free beyond its estimated peak (the estimate is rough).
-GRAPH_MEMORY_MARGIN_BYTES = 256 << 20
-# The context a row of a step beyond the power-of-two buckets may have (`JoinedBuckets.width`): each prompt token
-# attends as a decode row over its own keys (the paged decode kernel), which suits chat prompts; longer chunks go to
-# a prompt forward of their own, whose attention is SDPA's.
-JOINED_CONTEXT_TOKENS = 512
-
-
-@dataclass(frozen=True, slots=True)
-class JoinedBuckets:
-    """Decode steps of more rows than the power-of-two buckets (`above`), as a burst of new requests' prompt tokens
-    make: rows pad to `fused_forward.padded_count` sizes (at most 12.5 % more, where a power of two could double a
-    step's matmuls), every table is `width` blocks wide (one graph a size), and the head runs over `head_rows`
-    rows, each sequence's last (a step holds at most that many sequences), not over every prompt token."""
-
-    above: int
-    width: int
-    head_rows: int
 
 
 class ModelRunner:
@@ -101,14 +76,8 @@ class ModelRunner:
         self._static_inputs: dict[tuple[int, int], StepInputs] = {}  # (rows, width) -> that bucket's tensors
         self._static_ends: dict[tuple[int, int], torch.Tensor] = {}  # joined buckets' head rows, likewise
         self.cuda_graphs = cuda_graphs and self.static_shapes and self.device.type == "cuda"
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, logits)
-        # (rows, width, steps) -> (graph, [steps, rows] tokens): `decode_greedy`'s steps as one graph
-        self._greedy_graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs = DecodeGraphs(self)  # the decode steps' CUDA graphs, with cuda_graphs (decode_graphs.py)
         self._greedy_bans: dict[int, torch.Tensor] = {}  # rows -> `[2, rows]` end ids and ban steps (static on CUDA)
-        self._graph_pool = None
-        self.max_graph_rows = 0  # rows of the largest bucket a decode step may take (capture_decode_graphs)
-        self.joined: JoinedBuckets | None = None  # the buckets beyond the powers of two (capture_decode_graphs)
-        self._eager_buckets: set[tuple[int, int]] = set()  # not captured: the GPU memory left was too little
         # transformers 5.x renamed `past_key_values` to `cache`; accept either.
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -134,9 +103,7 @@ class ModelRunner:
         self._forward_cost_blocks = weights / (self.kv_bytes_per_token * block_size)
         self._static_inputs.clear()
         self._static_ends.clear()
-        self._graphs.clear()  # they captured the old pool's addresses
-        self._greedy_graphs.clear()
-        self._eager_buckets.clear()
+        self.graphs.clear()  # they captured the old pool's addresses
         return self.pool
 
     # -- steps -----------------------------------------------------------------------------------------------------
@@ -215,7 +182,7 @@ class ModelRunner:
         if ban is None or not self.static_shapes:
             ban = self._greedy_bans[rows] = torch.empty((2, rows), dtype=torch.long, device=self.device)
         ban.copy_(_pinned(torch.from_numpy(host), self.device), non_blocking=True)
-        run = self._graph_tokens if self.cuda_graphs else self._greedy_steps
+        run = self.graphs.tokens if self.cuda_graphs else self._greedy_steps
         return run(inputs, ban, steps)[:, : len(sequences)]
 
     def _greedy_steps(self, inputs: StepInputs, ban: torch.Tensor, steps: int) -> torch.Tensor:
@@ -256,11 +223,11 @@ class ModelRunner:
         logits: the decoding rows', then each prefill chunk's last token's."""
         inputs, keep, ends = self._decode_inputs(sequences, prefills, fed)
         if ends is not None:  # a joined bucket: the head ran over the rows to keep, in order, then padding
-            logits = self._graph_logits(inputs, ends) if self.cuda_graphs else self._forward(inputs, ends=ends)
+            logits = self.graphs.logits(inputs, ends) if self.cuda_graphs else self._forward(inputs, ends=ends)
             return logits[: len(sequences) + len(prefills)].clone()
         if self.cuda_graphs:
             # The graph's own output, which the next replay overwrites: indexing copies it, a slice would not.
-            logits = self._graph_logits(inputs)
+            logits = self.graphs.logits(inputs)
             if keep is None:
                 return logits[: len(sequences)].clone()
         else:
@@ -271,10 +238,10 @@ class ModelRunner:
         self, sequences: list[Sequence], prefills: list[Sequence] = (), fed: torch.Tensor | None = None
     ) -> tuple[StepInputs, torch.Tensor | None, torch.Tensor | None]:
         """`_decode_rows`' inputs on the device (with static shapes: bucketed, in the bucket's own tensors); the
-        logits rows to keep when prefill rows are among them; in a joined bucket (`JoinedBuckets`) instead the rows
-        the head runs over (the kept ones, then the last again as padding). A sequence with a token still on the device
-        (`pending`, the engine's overlapped steps) is fed row `device_row` of `fed`, the in-flight step's sampled
-        tokens, without the host reading it."""
+        logits rows to keep when prefill rows are among them; in a joined bucket (`decode_graphs.JoinedBuckets`)
+        instead the rows the head runs over (the kept ones, then the last again as padding). A sequence with a token
+        still on the device (`pending`, the engine's overlapped steps) is fed row `device_row` of `fed`, the in-flight
+        step's sampled tokens, without the host reading it."""
         block_size = self.pool.block_size
         decoding = len(sequences)
         # Each decoding row feeds its last token, at position num_tokens - 1. Every step walks every row here, so each
@@ -284,14 +251,14 @@ class ModelRunner:
         spans = [(s.num_computed, s.prefill_end) for s in prefills]
         rows = decoding + sum(end - start for start, end in spans)
         width = max([int(lengths.max(initial=0)), *(len(s.blocks.block_ids) for s in prefills)])
-        joined = self.static_shapes and self.joined is not None and rows > self.joined.above
+        joined = self.static_shapes and self.graphs.joined is not None and rows > self.graphs.joined.above
         if joined:
-            if width > self.joined.width:
+            if width > self.graphs.joined.width:
                 raise ValueError(f"a decode step of {rows} rows has a table of {width} blocks; beyond "
-                                 f"{self.joined.above} rows at most {self.joined.width} (takes_in_graph)")
-            rows, width = fused_forward.padded_count(rows), self.joined.width
+                                 f"{self.graphs.joined.above} rows at most {self.graphs.joined.width} (takes_in_graph)")
+            rows, width = fused_forward.padded_count(rows), self.graphs.joined.width
         elif self.static_shapes:
-            rows, width = _bucket(rows), min(_bucket(width), self.max_blocks_per_sequence)
+            rows, width = bucket(rows), min(bucket(width), self.max_blocks_per_sequence)
         # Padding rows: token 0 at position 0 of the trash block (their tables are all trash).
         ids = np.zeros(rows, dtype=np.int64)
         positions = np.zeros(rows, dtype=np.int64)
@@ -314,7 +281,7 @@ class ModelRunner:
         if prefills or joined:  # each sequence's last row
             last_rows = np.cumsum([*([1] * decoding), *(end - start for start, end in spans)]) - 1
         if joined:
-            head = np.full(self.joined.head_rows, last_rows[-1], dtype=np.int64)
+            head = np.full(self.graphs.joined.head_rows, last_rows[-1], dtype=np.int64)
             head[: len(last_rows)] = last_rows
             ends = self._static_ends.get((rows, width))
             if ends is None:
@@ -340,49 +307,14 @@ class ModelRunner:
 
     def capture_decode_graphs(self, max_rows: int, greedy_steps: int = 1, greedy_rows: int = 0,
                               step_rows: int = 0) -> int:
-        """With `cuda_graphs`, capture every decode bucket up to `max_rows` rows (decoding sequences and prompt
-        tokens prefilled in the same forward, see `decode`) whose rows x width fits the pool's blocks, largest first
-        (the graphs share one memory pool), so no request waits for a capture. A bucket whose forward would not fit
-        in the GPU memory left beside the pool is not captured: it runs eagerly (`_graph_logits`). A bucket beyond
-        these (possible with shared prefixes) is captured on first use. With `greedy_steps` > 1, the buckets of up
-        to `greedy_rows` rows (the most sequences a step holds) also get `decode_greedy`'s graph of that many steps.
-        With fused forwards and `step_rows` (the most rows a step has: max_num_tokens) beyond those buckets, the
-        joined buckets up to it (`JoinedBuckets`). Returns how many were captured."""
-        if not self.cuda_graphs:
-            return 0
-        most = self.max_blocks_per_sequence
-        widths = {min(1 << n, most) for n in range(_bucket(most).bit_length())}  # as decode() pads them
-        rows_buckets = [1 << n for n in range(_bucket(max_rows).bit_length())]
-        buckets = [(rows, width) for rows in rows_buckets for width in widths if rows * width <= self.pool.num_blocks]
-        for rows, width in sorted(buckets, key=lambda bucket: -bucket[0] * bucket[1]):
-            inputs = self._static_copy(self._padding_inputs(rows, width))
-            self._graph_logits(inputs)
-            if greedy_steps > 1 and rows <= _bucket(greedy_rows):
-                ban = self._greedy_bans.setdefault(rows, torch.zeros((2, rows), dtype=torch.long, device=self.device))
-                self._graph_tokens(inputs, ban, greedy_steps)
-        self.max_graph_rows = max((rows for rows, _ in self._graphs), default=0)
-        if self.fused_forward is not None and step_rows > self.max_graph_rows:
-            width = min(_bucket(-(-JOINED_CONTEXT_TOKENS // self.pool.block_size)), most)
-            self.joined = JoinedBuckets(self.max_graph_rows, width, _bucket(greedy_rows or max_rows))
-            joined = [rows for rows in fused_forward.padded_counts(step_rows) if rows > self.joined.above]
-            for rows in reversed(joined):
-                ends = self._static_ends.setdefault((rows, width), torch.zeros(
-                    self.joined.head_rows, dtype=torch.long, device=self.device))
-                self._graph_logits(self._static_copy(self._padding_inputs(rows, width)), ends)
-                buckets.append((rows, width))
-            self.max_graph_rows = max(self.max_graph_rows, *(rows for rows, _ in self._graphs))
-        if self._eager_buckets:
-            log.warning("%d of %d decode buckets run eagerly: their forward does not fit in the GPU memory left "
-                        "beside the KV pool (lower kv_cache_free_gpu_mem_fraction to capture them)",
-                        len(self._eager_buckets), len(buckets))
-        return len(self._graphs) + len(self._greedy_graphs)
+        """With `cuda_graphs`, the decode steps' graphs captured before the first request (`DecodeGraphs.capture`);
+        how many."""
+        return self.graphs.capture(max_rows, greedy_steps, greedy_rows, step_rows)
 
     def takes_in_graph(self, rows: int, width: int) -> bool:
-        """Whether a decode step of `rows` rows (decoding sequences and prompt tokens) whose widest table has `width`
-        blocks has a graph bucket: up to `max_graph_rows` rows, and beyond the power-of-two buckets at most
-        `JoinedBuckets.width` blocks."""
-        return rows <= self.max_graph_rows and (self.joined is None or rows <= self.joined.above
-                                                or width <= self.joined.width)
+        """Whether a decode step of `rows` rows and tables of up to `width` blocks has a graph bucket
+        (`DecodeGraphs.takes`)."""
+        return self.graphs.takes(rows, width)
 
     def _padding_inputs(self, rows: int, width: int) -> StepInputs:
         """A decode step of padding rows only, on the host: token 0 at position 0, written to the trash block."""
@@ -415,20 +347,6 @@ class ModelRunner:
             )))
         return True
 
-    def _fits_beside_pool(self, rows: int, width: int, head_rows: int) -> bool:
-        """Whether a decode forward of this bucket fits in the GPU memory free now (an estimate of its peak: the
-        gathered keys and values, twice, unless the paged kernel reads them in the pool; the logits of its
-        `head_rows` in both dtypes, the layer activations), with a margin."""
-        in_place = self.fused_forward is not None and self.fused_forward.decode_attention is not None
-        gathered = 0 if in_place else (
-            2 * rows * width * self.pool.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize)
-        config = self.model.config
-        activations = rows * (config.hidden_size + 2 * getattr(config, "intermediate_size", 0)) * 4 * 4
-        need = 2 * gathered + head_rows * self.vocab_size * (self.dtype.itemsize + 8) + activations
-        free, _ = torch.cuda.mem_get_info(self.device)
-        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-        return need + GRAPH_MEMORY_MARGIN_BYTES <= free + cached
-
     @property
     def max_blocks_per_sequence(self) -> int:
         return -(-self.max_positions // self.pool.block_size)
@@ -459,82 +377,20 @@ class ModelRunner:
     def _on_device(self, inputs: StepInputs) -> StepInputs:
         if self.device.type == "cpu":
             return inputs
-        return StepInputs(*(to_device(tensor, self.device) for tensor in _fields(inputs)))
+        return StepInputs(*(to_device(tensor, self.device) for tensor in inputs.tensors()))
 
     def _static_copy(self, inputs: StepInputs) -> StepInputs:
         """The bucket's own tensors, filled in place (same addresses every step of that bucket)."""
         key = tuple(inputs.block_tables.shape)
         static = self._static_inputs.get(key)
         if static is None:
-            static = StepInputs(*(torch.empty_like(tensor, device=self.device) for tensor in _fields(inputs)))
+            static = StepInputs(*(torch.empty_like(tensor, device=self.device) for tensor in inputs.tensors()))
             self._static_inputs[key] = static
-        for target, source in zip(_fields(static), _fields(inputs)):
+        for target, source in zip(static.tensors(), inputs.tensors()):
             target.copy_(_pinned(source, self.device), non_blocking=True)
         return static
-
-
-    def _graph_logits(self, inputs: StepInputs, ends: torch.Tensor | None = None) -> torch.Tensor:
-        """The decode forward of `inputs`' bucket replayed (captured first if new); the graph's own logits tensor.
-        `ends`: a joined bucket's head rows (its own static tensor)."""
-        key = tuple(inputs.block_tables.shape)
-        captured = self._graphs.get(key)
-        if captured is None:
-            head_rows = key[0] if ends is None else ends.shape[0]
-            if key in self._eager_buckets or not self._fits_beside_pool(*key, head_rows):
-                self._eager_buckets.add(key)
-                return self._forward(inputs, ends=ends)
-            captured = self._graphs[key] = self._capture(inputs, lambda: self._forward(inputs, ends=ends))
-        graph, logits = captured
-        graph.replay()
-        return logits
-
-    def _graph_tokens(self, inputs: StepInputs, ban: torch.Tensor, steps: int) -> torch.Tensor:
-        """`_greedy_steps` of `inputs`' bucket replayed as one graph (captured first if new); the graph's own tokens
-        tensor. A bucket too large to capture runs eagerly."""
-        key = (*inputs.block_tables.shape, steps)
-        captured = self._greedy_graphs.get(key)
-        if captured is None:
-            if key[:2] in self._eager_buckets or not self._fits_beside_pool(*key[:2], key[0]):
-                self._eager_buckets.add(key[:2])
-                return self._greedy_steps(inputs, ban, steps)
-            captured = self._greedy_graphs[key] = self._capture(inputs, lambda: self._greedy_steps(inputs, ban, steps))
-        graph, tokens = captured
-        graph.replay()
-        return tokens
-
-    def _capture(
-        self, inputs: StepInputs, run: Callable[[], torch.Tensor] | None = None
-    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """A graph of `run` (default: the decode forward of `inputs`) and its output. Warm-up first, off the capture
-        (cuBLAS handles, lazy allocations): its key and value writes are the step's own, with the step's own values,
-        so running it is harmless; the inputs it advances in place (`_greedy_steps`) are put back after it."""
-        run = run or (lambda: self._forward(inputs))
-        saved = [tensor.clone() for tensor in _fields(inputs)]
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            run()
-        current.wait_stream(side)
-        for tensor, before in zip(_fields(inputs), saved):
-            tensor.copy_(before)
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
-            output = run()
-        return graph, output
-
-
-def _fields(inputs: StepInputs) -> tuple[torch.Tensor, ...]:
-    return inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.block_tables
 
 
 def _pinned(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The host tensor in pinned memory for a copy to a CUDA `device` (a copy from pageable memory waits)."""
     return tensor.pin_memory() if device.type == "cuda" else tensor
-
-
-def _bucket(count: int) -> int:
-    """The next power of two: few distinct shapes, so few graphs to capture."""
-    return 1 << max(0, count - 1).bit_length()
