@@ -148,9 +148,6 @@ class BlockManager:
         self.total_missed += table.missed_blocks
         return table
 
-    def can_ever_fit(self, lifetime_tokens: int) -> bool:
-        return self.blocks_for(lifetime_tokens) <= self.num_blocks
-
     # -- while running ---------------------------------------------------------------------------------------------
     def grow(self, table: BlockTable, tokens: int) -> bool:
         """Blocks for the first `tokens` positions; False when the pool ran out first."""

@@ -1,9 +1,9 @@
 """How much memory the KV block pool may take, and the check for a request that could never fit in it.
 
 The pool (`kv_cache.KvBlockPool`) is preallocated at load: `memory_bytes` / (bytes of one token x block size)
-blocks. A running request holds the blocks its prompt + max_tokens can fill (see `block_manager`), so the
-scheduler admits a request while the free blocks hold it (it waits otherwise), and a request that needs more
-blocks than the whole pool is refused at enqueue.
+blocks. The scheduler admits a request when the free blocks hold its prompt and grows its blocks as it decodes,
+preempting the newest request when the pool runs out (`scheduler`); a request whose prompt + max_tokens needs more
+blocks than the whole pool could never finish, so it is refused at enqueue.
 """
 
 from __future__ import annotations

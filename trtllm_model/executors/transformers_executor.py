@@ -23,8 +23,10 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    are prefilled as rows of the same graph. false: eager forwards. Ignored on CPU
   max_num_tokens   tokens through the model per step: decoding sequences + prefilled prompt tokens (default 2048)
   kv_cache_memory_bytes  the memory of the KV block pool, allocated at load (blocks of 16 tokens); a request
-                   joins the batch only while the free blocks hold its prompt + max_tokens (less the blocks it
-                   shares), else it waits; one that needs more than the whole pool is refused. Default on CPU 1 GiB
+                   joins the batch when the free blocks hold its prompt (less the blocks it shares), else it waits;
+                   a decoding request takes a block as it fills one, and when none is left the newest request is
+                   preempted (its blocks freed, recomputed when it is admitted again; its sent tokens are not sent
+                   twice). One whose prompt + max_tokens needs more than the whole pool is refused. Default on CPU 1 GiB
                    (sized for the CPU Deployment's 4 GiB limit, see docs/performance.md); on CUDA
                    kv_cache_free_gpu_mem_fraction (NVIDIA's name, default 0.9) of the memory free once the weights
                    are loaded
