@@ -6,7 +6,7 @@
 
 For each load N (streams in flight) and the same chat prompts, greedy, every request exactly --max-tokens long
 (min_tokens = max_tokens):
-  in process   TransformersExecutor in this process, N requests kept in flight (a closed loop): generated tokens/s
+  in process   TransformersExecutor in a process of its own, N requests kept in flight (a closed loop): generated tokens/s
                in a --window-second window after --warmup seconds, time to first token;
   through Triton  one tritonserver with the transformers executor (same device, dtype, limits), N gRPC streams
                (split over --client-procs processes) each sending one `ensemble` request after another:
@@ -55,8 +55,6 @@ def percentile(values, q: float) -> float | None:
 
 # -- in process ----------------------------------------------------------------------------------------------------
 def in_process(args, loads: list[int]) -> list[dict]:
-    import torch
-
     from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import default_dtype, load_model
     from trtllm_model.executor_interface import GenerationRequest
@@ -80,15 +78,15 @@ def in_process(args, loads: list[int]) -> list[dict]:
             points.append(_closed_loop(executor, prompts, load, args, GenerationRequest))
     finally:
         executor.shutdown()
-        if args.device.startswith("cuda"):
-            # The server started next must find the GPU as this process found it: the engine's KV pool takes a
-            # share of the memory free at its start (a CUDA graph that found none left was not captured).
-            import gc
-
-            executor = loaded = None
-            gc.collect()
-            torch.cuda.empty_cache()
     return points
+
+
+def in_process_apart(args, loads: list[int]) -> list[dict]:
+    """`in_process` in a process of its own, so that the server started next finds the GPU as this one found it:
+    the engine's KV pool takes a share of the memory free at its start, and an engine on a thread of this process
+    kept its 77 GiB past `shutdown` on an H100 (the server's engine then failed to start, out of memory)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(in_process, args, loads).result()
 
 
 def _closed_loop(executor, prompts: list[list[int]], load: int, args, request_type) -> dict:
@@ -379,6 +377,9 @@ def main() -> int:
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
     RESULTS = args.results_dir
+    served = dict(item.split("=", 1) for item in args.param)
+    if args.engine_process is None and "engine_process" in served:  # the server's layout, in process too
+        args.engine_process = served["engine_process"]
     if args.tiny_model and not args.model_dir:
         from tiny_checkpoint import write_tiny_checkpoint
 
@@ -386,7 +387,7 @@ def main() -> int:
     args.stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     report: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "cpus": os.cpu_count(),
                     "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
-    report["in_process"] = [] if args.skip_in_process else in_process(args, args.loads)
+    report["in_process"] = [] if args.skip_in_process else in_process_apart(args, args.loads)
     workdir = RESULTS / f"e2e-server-{args.stamp}"  # kept: its server.log explains a failed start
     report["triton"] = [] if args.skip_triton else through_triton(args, args.loads, workdir)
     RESULTS.mkdir(parents=True, exist_ok=True)

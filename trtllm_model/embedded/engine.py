@@ -137,6 +137,7 @@ class Engine:
         self._stats: deque[IterationStats] = deque(maxlen=max(1, config.stats_max_iterations))
         self._error: str | None = None
         self._stopping = False
+        self._warm = threading.Event()  # set once the warm-up is over, done or failed (`wait_warm`)
         self._thread = threading.Thread(target=self._run, name="transformers-engine", daemon=True)
         self._thread.start()
 
@@ -175,6 +176,15 @@ class Engine:
     @property
     def error(self) -> str | None:
         return self._error
+
+    def wait_warm(self, timeout_s: float | None = None) -> None:
+        """Returns once the warm-up (`_warm_up`: CUDA graphs, compiled prompt forwards) is done; raises `EngineDead`
+        if it failed. Whoever reports the engine ready waits here first: a model that is ready while its graphs are
+        still being captured (about 20 s on an H100) holds its first requests that long, and one whose capture
+        fails is ready and then fails every request."""
+        if not self._warm.wait(timeout_s):
+            raise EngineDead(f"the engine's warm-up took more than {timeout_s:.0f} s")
+        self._raise_if_dead()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         with self._lock:
@@ -216,6 +226,7 @@ class Engine:
         try:
             with torch.inference_mode(), self.runner.attention_backends():
                 self._warm_up()
+                self._warm.set()
                 while self._next_iteration():
                     pass
         except BaseException as exc:  # noqa: BLE001 - any failure ends the engine; callers learn why
@@ -223,10 +234,12 @@ class Engine:
             with self._lock:
                 self._error = f"engine failed: {type(exc).__name__}: {exc}"
                 self._ready.notify_all()
+        finally:
+            self._warm.set()  # after the error is set: a failed warm-up is read by `wait_warm`
 
     def _warm_up(self) -> None:
-        """Before the first request (they wait meanwhile): the decode steps' CUDA graphs and the prompt forwards'
-        compiles, if the runner has them."""
+        """Before the first request (`wait_warm`): the decode steps' CUDA graphs and the prompt forwards' compiles,
+        if the runner has them."""
         started = time.monotonic()
         greedy_steps = self.config.decode_steps if self.config.overlap_steps else 1
         captured = self.runner.capture_decode_graphs(self.config.max_batch_size + GRAPH_PREFILL_ROWS, greedy_steps,
