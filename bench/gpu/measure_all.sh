@@ -90,7 +90,7 @@ tests/test_cuda_multi_instance.py ;;
 --warmup 2 --window 5 --idle-s 1 --in-process-samples 20 --skip-perf-analyzer --no-plot --param sender_threads=8} ;;
     e2e)  # bench/e2e.py names its profiles by load only: the mode is added so the next mode's run keeps them
       for mode in $ENGINE_MODES; do
-        step 150 e2e $E2E_ARGS --param "$(engine_param "$mode")"
+        step 300 e2e $E2E_ARGS --param "$(engine_param "$mode")"  # two engine starts (in process, then the server), each capturing its graphs (about 30 s on an H100)
         for f in "$RESULTS"/profile-e2e-*.txt; do
           case "$f" in *-process.txt|*-thread.txt) ;; *) [ -e "$f" ] && $DRY mv "$f" "${f%.txt}-$mode.txt" ;; esac
         done
