@@ -205,11 +205,7 @@ def build_engine(spec: EngineSpec, send_steps: Callable[[list[Step]], None]):
     engine = Engine(runner, EngineConfig(spec.max_batch_size, spec.max_num_tokens, budget, spec.stats_max_iterations,
                                          spec.enable_kv_cache_reuse, spec.prefill_stall_factor, overlap,
                                          default_decode_steps(runner.device, spec.decode_steps)), send_steps)
-    try:
-        engine.wait_warm()  # "ready" goes to the stub after the warm-up, so the model is READY only then
-    except BaseException:
-        engine.stop()
-        raise
+    engine.wait_warm()  # "ready" goes to the stub after the warm-up, so the model is READY only then
     eos = getattr(getattr(loaded.model, "generation_config", None), "eos_token_id", None)
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None

@@ -158,11 +158,7 @@ class TransformersExecutor(Executor):
         engine = Engine(self.runner, EngineConfig(max_batch_size, max_num_tokens, budget, stats_max_iterations,
                                                   enable_kv_cache_reuse, prefill_stall_factor, overlap,
                                                   default_decode_steps(self.runner.device, decode_steps)))
-        try:
-            engine.wait_warm()
-        except BaseException:
-            engine.stop()
-            raise
+        engine.wait_warm()
         self._start(engine, tokenizer, self.runner.vocab_size, self.runner.max_positions, budget,
                     _end_id_of(model, tokenizer), max_batch_size, max_num_tokens, max_input_len, max_output_len,
                     max_queue_size)
