@@ -227,7 +227,8 @@ async def _stream(stub, plan: Plan, index: int, result: Result) -> None:
                     break
             if count != plan.max_tokens:
                 result.errors.append(f"request s{index}-{number - 1}: {count} tokens, expected {plan.max_tokens}")
-            result.requests_done += 1
+            if plan.w0 <= now < plan.w1:  # finished inside the window, as the tokens are counted
+                result.requests_done += 1
     except asyncio.CancelledError:
         pass
     except Exception as exc:  # noqa: BLE001 - one bad stream is reported, not raised
