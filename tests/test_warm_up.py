@@ -1,5 +1,5 @@
 """The embedded engine is handed out (and the model reported ready) only after its warm-up: on a GPU that is the
-decode steps' CUDA graphs and the compiled prompt forwards, about 20 s on an H100, during which the first requests
+decode steps' CUDA graphs and the compiled prompt forwards, 26-31 s on an H100, during which the first requests
 waited while Triton said READY. A warm-up that fails fails the load with its error, instead of a ready model whose
 every request then fails. The CPU has nothing to warm up, so the runner's warm-up is slowed or broken on purpose."""
 
@@ -18,6 +18,7 @@ from trtllm_model.executors.engine_wire import EngineSpec
 from trtllm_model.executors.transformers_executor import TransformersExecutor
 
 WARM_UP_S = 1.0
+SPEC = EngineSpec(model_dir=None, device="cpu", dtype="float32", max_batch_size=2, max_num_tokens=64, torch_threads=2)
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +67,7 @@ def test_a_failed_warm_up_fails_the_executor_with_its_error(loaded, broken_warm_
 
 def test_the_engine_worker_reports_ready_only_after_its_warm_up(slow_warm_up):
     """`build_engine` is what the worker runs before it sends "ready" to the stub."""
-    spec = EngineSpec(model_dir=None, device="cpu", dtype="float32", max_batch_size=2, max_num_tokens=64,
-                      torch_threads=2)
-    engine, info, _ = engine_worker.build_engine(spec, lambda steps: None)
+    engine, info, _ = engine_worker.build_engine(SPEC, lambda steps: None)
     try:
         assert len(slow_warm_up) == 1 and slow_warm_up[0] <= time.monotonic()
         assert info.vocab_size > 0
@@ -77,7 +76,5 @@ def test_the_engine_worker_reports_ready_only_after_its_warm_up(slow_warm_up):
 
 
 def test_an_engine_worker_whose_warm_up_fails_does_not_report_ready(broken_warm_up):
-    spec = EngineSpec(model_dir=None, device="cpu", dtype="float32", max_batch_size=2, max_num_tokens=64,
-                      torch_threads=2)
     with pytest.raises(EngineDead, match="CUDA out of memory while capturing"):
-        engine_worker.build_engine(spec, lambda steps: None)
+        engine_worker.build_engine(SPEC, lambda steps: None)
