@@ -267,6 +267,7 @@ def through_triton(args, loads: list[int], workdir: Path) -> list[dict]:
     import serving
     from conftest import start_server
     from serving import start_profile, tree_cpu_s, wait_quiet
+    from ttft_split import describe, gauges, mean_gauges, snapshot, split
 
     serving.RESULTS = RESULTS
 
@@ -299,9 +300,13 @@ def through_triton(args, loads: list[int], workdir: Path) -> list[dict]:
                 futures = [pool.submit(run_worker, plan) for plan in plans]
                 time.sleep(max(0.0, w0 - time.monotonic()))
                 profile = start_profile(root, f"e2e-{load}", min(args.profile_s, args.window)) if args.profile_s else None
-                cpu0 = tree_cpu_s(root)
+                cpu0, counted0, t0 = tree_cpu_s(root), snapshot(server.http_url, server.metrics_url), time.monotonic()
+                held = []
+                while time.monotonic() < w1 - 0.6:  # where the requests are, twice a second
+                    time.sleep(0.5)
+                    held.append(gauges(server.metrics_url))
                 time.sleep(max(0.0, w1 - time.monotonic()))
-                cpu1 = tree_cpu_s(root)
+                cpu1, counted1, t1 = tree_cpu_s(root), snapshot(server.http_url, server.metrics_url), time.monotonic()
                 results = [future.result(timeout=args.warmup + args.window + 300) for future in futures]
                 if profile is not None:
                     profile.wait(timeout=60)
@@ -324,12 +329,15 @@ def through_triton(args, loads: list[int], workdir: Path) -> list[dict]:
                     "server_cpu_cores": (cpu1 - cpu0) / args.window,
                     "client_cpu_cores_total": sum(r.cpu_s for r in results) / args.window,
                     "requests_done": sum(r.requests_done for r in results),
+                    "server_ttft_split": split(counted0, counted1, t1 - t0),
+                    "server_requests_held": mean_gauges(held),
                     "error_count": len(errors), "errors": errors[:5],
                 }
                 print(f"  via Triton  load {load:4d}: {point['delivered_tokens_per_s']:8.0f} tok/s  TTFT p50 "
                       f"{_fmt(point['ttft_p50_ms'])} ms  gap p50/p99 {_fmt(point['gap_p50_ms'])}/"
                       f"{_fmt(point['gap_p99_ms'])} ms  tok/response {_fmt(point['tokens_per_response'], 2)}  "
                       f"server CPU {point['server_cpu_cores']:.2f}  errors {len(errors)}", flush=True)
+                print(f"    in the server: {describe(point['server_ttft_split'], point['server_requests_held'])}", flush=True)
                 for error in errors[:3]:
                     print(f"    error: {error}", flush=True)
                 points.append(point)
