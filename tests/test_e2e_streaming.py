@@ -201,3 +201,5 @@ def test_a_response_carries_only_the_outputs_its_request_asked_for(tmp_path, mod
         assert float(found.group(1)) == 1.0, lines[-1]
     else:
         assert float(found.group(1)) > 3.0, lines[-1]
+    # The one request came in one execute() call, timed too.
+    assert re.search(r"execute: [0-9.]+ calls/s, 1\.0 requests a call, [0-9.]+ ms a call", lines[-1]), lines[-1]

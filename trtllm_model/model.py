@@ -118,25 +118,26 @@ class TritonPythonModel:
         self.poller.start()
 
     def execute(self, requests: list) -> None:
-        for request in requests:
-            stream = TritonStream(request)
-            try:
-                parsed = self._parse(request)
-            except InvalidInput as exc:
-                stream.send_error(ErrorCode.UNSUPPORTED if exc.unsupported else ErrorCode.INVALID_ARG, str(exc))
-                continue
-            except Exception as exc:  # never let one request's surprise take the batch down
-                log.exception("request conversion failed")
-                stream.send_error(ErrorCode.INVALID_ARG, f"malformed request: {exc}")
-                continue
-            streams = [stream] if len(parsed) == 1 else BatchStream(stream, len(parsed)).members
-            rows = [RequestContext(one, member, triton_request_id=request.request_id())
-                    for one, member in zip(parsed, streams, strict=True)]
-            try:
-                self.poller.submit_rows(rows)
-            except Exception as exc:  # the poller answers its own refusals; this is a bug, kept to one request
-                log.exception("submit failed")
-                stream.send_error(ErrorCode.INTERNAL, f"submit failed: {exc}")
+        with self.poller.execute_timer(len(requests)):
+            for request in requests:
+                stream = TritonStream(request)
+                try:
+                    parsed = self._parse(request)
+                except InvalidInput as exc:
+                    stream.send_error(ErrorCode.UNSUPPORTED if exc.unsupported else ErrorCode.INVALID_ARG, str(exc))
+                    continue
+                except Exception as exc:  # never let one request's surprise take the batch down
+                    log.exception("request conversion failed")
+                    stream.send_error(ErrorCode.INVALID_ARG, f"malformed request: {exc}")
+                    continue
+                streams = [stream] if len(parsed) == 1 else BatchStream(stream, len(parsed)).members
+                rows = [RequestContext(one, member, triton_request_id=request.request_id())
+                        for one, member in zip(parsed, streams, strict=True)]
+                try:
+                    self.poller.submit_rows(rows)
+                except Exception as exc:  # the poller answers its own refusals; this is a bug, kept to one request
+                    log.exception("submit failed")
+                    stream.send_error(ErrorCode.INTERNAL, f"submit failed: {exc}")
         return None
 
     def _parse(self, request) -> list:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 
 from .dispatch import Dispatcher
 from .executor_interface import Executor, ExecutorError, FinishReason, QueueFull, RequestRejected, Step
@@ -94,6 +95,11 @@ class Poller:
             return len(self._open) + self._rows.held
 
     # -- called from execute() ---------------------------------------------------------------------------------
+    def execute_timer(self, requests: int) -> AbstractContextManager[None]:
+        """Around execute()'s batch of `requests`: timed with the delivery phases when TRTLLM_DELIVERY_TIMING_S is
+        set (its wall against its thread's CPU shows how long it waited for the interpreter's lock)."""
+        return self.dispatcher.timing.executing(requests)
+
     def submit_rows(self, rows: list[RequestContext]) -> None:
         """Hand a request's rows to the executor; a batched request's rows go through the row gate, all accepted or
         all refused."""
