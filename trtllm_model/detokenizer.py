@@ -14,6 +14,7 @@ The window restarts at the last token whenever everything is sent, so a push cos
 from __future__ import annotations
 
 from .executor_interface import Tokenizer
+from .text_encoding import encode_text
 
 REPLACEMENT_CHAR = "\ufffd"
 # A window that grows past this many tokens while its end is still an unfinished character (a run of invalid
@@ -75,4 +76,4 @@ def chat_prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = 
     The template writes the special tokens (BOS included) itself, so encoding adds none: a tokenizer that adds a
     BOS of its own (Llama's) would otherwise begin the prompt with two."""
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return encode_text(tokenizer, text, add_special_tokens=False)

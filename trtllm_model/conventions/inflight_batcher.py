@@ -14,6 +14,7 @@ import numpy as np
 
 from ..executor_interface import OPTIONAL_INPUTS, GenerationRequest, Tokenizer
 from ..request_checks import MAX_BIAS_VALUES, MAX_GUIDE_BYTES, MAX_NAME_BYTES, MAX_WORD_LIST_TOKENS
+from ..text_encoding import encode_text
 from .common import (
     PERF_OUTPUTS,
     UINT64_MAX,
@@ -265,7 +266,7 @@ def parse_request(
         if _bool(scalars, "apply_chat_template", limits.apply_chat_template) and chat_template is not None:
             input_ids = chat_template(text)  # token ids: the template's own special tokens, no second BOS
         else:
-            input_ids = tokenizer.encode(text)
+            input_ids = encode_text(tokenizer, text)
     elif "input_ids" in tensors:
         length = _int(scalars, "input_lengths", minimum=1)  # over the ids given: all of them, as NVIDIA's slice
         input_ids = _token_list("input_ids", tensors["input_ids"], limits, length)

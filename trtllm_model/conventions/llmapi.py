@@ -19,6 +19,7 @@ import numpy as np
 
 from ..executor_interface import GenerationRequest, Tokenizer
 from ..request_checks import MAX_NAME_BYTES
+from ..text_encoding import encode_text
 from .common import (
     UINT64_MAX,
     InvalidInput,
@@ -219,7 +220,7 @@ def parse_request(
 
     stop_items = tensors.get("sampling_param_stop", np.empty(0)).reshape(-1).tolist()
     check_word_texts("sampling_param_stop", stop_items, tokenizer)  # before tokenizing anything (each string twice)
-    input_ids = tokenizer.encode(text)
+    input_ids = encode_text(tokenizer, text)
     if limits.max_input_len is not None and len(input_ids) > limits.max_input_len:
         raise InvalidInput(f"text_input: prompt of {len(input_ids)} tokens is over max_input_len={limits.max_input_len}")
     max_tokens = _int(tensors, "sampling_param_max_tokens", DEFAULT_MAX_TOKENS, minimum=1, maximum=limits.max_output_len)
