@@ -59,8 +59,7 @@ class EngineProcess:
         self._commands.bind(f"ipc://{self._dir}/commands")
         self._events.bind(f"ipc://{self._dir}/events")
         self._send_lock = threading.Lock()
-        # (command, its encoded frames), in order; None: the sender's end
-        self._outbox: queue.SimpleQueue[tuple[str, list] | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()  # None: the sender's end
         self._outbox_open = True
         self._sender = threading.Thread(target=self._send_commands, name="engine-commands", daemon=True)
         self._sender.start()
@@ -100,24 +99,22 @@ class EngineProcess:
 
     def _send(self, message: tuple) -> bool:
         """Queue a command for the worker, in order; False once `stop` has closed the outbox (a late cancel from
-        another thread). It is encoded here, so a request that cannot be fails its own enqueue."""
-        frames = encode(message)
+        another thread)."""
         with self._send_lock:
             if not self._outbox_open:
                 return False
             if message[0] == "submit":
                 self._sent_submits += 1
-            self._outbox.put((message[0], frames))
+            self._outbox.put(message)
             return True
 
     def _send_commands(self) -> None:
         """The `engine-commands` thread: sends what `_send` queued until `stop` ends it."""
-        while (item := self._outbox.get()) is not None:
-            kind, frames = item
+        while (message := self._outbox.get()) is not None:
             try:
-                self._commands.send_multipart(frames, copy=False)
+                self._commands.send_multipart(encode(message), copy=False)
             except zmq.ZMQError:  # the worker is gone; the heartbeat check reports it
-                log.warning("engine worker command %s not sent", kind, exc_info=True)
+                log.warning("engine worker command %s not sent", message[0], exc_info=True)
 
     def submit(self, request_id: int, request: GenerationRequest) -> None:
         from ..embedded.engine import EngineDead
