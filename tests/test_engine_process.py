@@ -291,35 +291,6 @@ def test_cancel_ends_a_running_request_with_cancelled_and_the_stats_come_across(
     assert [s.iteration for s in stats] == sorted(s.iteration for s in stats)
 
 
-def test_commands_leave_from_their_own_thread_in_the_order_given(executor, prompt):
-    """enqueue and cancel never send on the caller's thread (a pyzmq send lets go of the interpreter's lock, which
-    execute() then waits to take back), and a cancel given right after its submit still reaches the worker after it."""
-    engine = executor.engine
-    senders: list[str] = []
-
-    class Recording:
-        def __init__(self, socket) -> None:
-            self.socket = socket
-
-        def send_multipart(self, frames, copy: bool = True) -> None:
-            senders.append(threading.current_thread().name)
-            self.socket.send_multipart(frames, copy=copy)
-
-        def close(self) -> None:
-            self.socket.close()
-
-    engine._commands = Recording(engine._commands)
-    try:
-        request_id = executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=4000, min_tokens=4000))
-        executor.cancel(request_id)
-        steps = run(executor, request_id, timeout_s=30)
-    finally:
-        engine._commands = engine._commands.socket
-    assert senders == ["engine-commands", "engine-commands"]
-    assert steps[-1].finish_reason is FinishReason.CANCELLED
-    assert sum(len(step.token_ids) for step in steps) < 4000
-
-
 def test_bad_requests_are_refused_at_enqueue_in_the_stub(executor, prompt):
     with pytest.raises(RequestRejected, match="max_num_tokens=256"):
         executor.enqueue(GenerationRequest(input_ids=[1] * 300, max_tokens=2))

@@ -5,10 +5,7 @@ vLLM's V1 run their engines the same way).
 The stub keeps request checks, the tokenizer and everything Triton; the worker (engine_worker.py, in a fresh
 interpreter with the stub's sys.path) loads the model from the same parameters, runs the `Engine` and compiles
 guides. Transport: two pyzmq PUSH/PULL pairs over ipc:// sockets in a private temporary directory; the messages
-are in engine_wire.py. Commands leave from a thread of their own (`engine-commands`), in the order they were given:
-a pyzmq send lets go of the interpreter's lock and must take it back, which `execute()` (whose submits these mostly
-are) paid for each request while the delivery workers held it (docs/performance.md, "Streaming through Triton on an
-H100: `execute()` is the bottleneck").
+are in engine_wire.py.
 
 The worker exits when the stub's end of its stdin pipe closes, however the stub went (a pipe works whichever
 thread started the worker; PR_SET_PDEATHSIG would fire when that thread ends). A worker that exits or is killed
@@ -22,9 +19,7 @@ is not misled by its own absence.
 
 from __future__ import annotations
 
-import logging
 import os
-import queue
 import shutil
 import subprocess
 import sys
@@ -38,8 +33,6 @@ import zmq
 from ..executor_interface import GenerationRequest, IterationStats, Step
 from . import engine_worker
 from .engine_wire import EngineSpec, Progress, WorkerInfo, decode, encode, new_socket, unpack_steps
-
-log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 900.0  # the first start dequantises SmolLM2 (tens of seconds on a small CPU)
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0  # config.pbtxt `engine_heartbeat_timeout_s`
@@ -59,10 +52,6 @@ class EngineProcess:
         self._commands.bind(f"ipc://{self._dir}/commands")
         self._events.bind(f"ipc://{self._dir}/events")
         self._send_lock = threading.Lock()
-        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()  # None: the sender's end
-        self._outbox_open = True
-        self._sender = threading.Thread(target=self._send_commands, name="engine-commands", daemon=True)
-        self._sender.start()
         self._receive_lock = threading.Lock()
         self._stats: deque[IterationStats] = deque(maxlen=max(1, spec.stats_max_iterations))
         self._error: str | None = None
@@ -98,23 +87,14 @@ class EngineProcess:
         raise RuntimeError(f"engine worker not ready after {timeout_s:.0f} s")
 
     def _send(self, message: tuple) -> bool:
-        """Queue a command for the worker, in order; False once `stop` has closed the outbox (a late cancel from
-        another thread)."""
+        """Send to the worker; False once `stop` has closed the socket (a late cancel from another thread)."""
         with self._send_lock:
-            if not self._outbox_open:
+            if self._commands.closed:
                 return False
             if message[0] == "submit":
                 self._sent_submits += 1
-            self._outbox.put(message)
+            self._commands.send_multipart(encode(message), copy=False)
             return True
-
-    def _send_commands(self) -> None:
-        """The `engine-commands` thread: sends what `_send` queued until `stop` ends it."""
-        while (message := self._outbox.get()) is not None:
-            try:
-                self._commands.send_multipart(encode(message), copy=False)
-            except zmq.ZMQError:  # the worker is gone; the heartbeat check reports it
-                log.warning("engine worker command %s not sent", message[0], exc_info=True)
 
     def submit(self, request_id: int, request: GenerationRequest) -> None:
         from ..embedded.engine import EngineDead
@@ -206,13 +186,10 @@ class EngineProcess:
                 self.process.wait()
         if self.process.stdin is not None:
             self.process.stdin.close()
-        with self._send_lock:
-            self._outbox_open = False
-        self._outbox.put(None)
-        self._sender.join(5.0)  # its sends never block (engine_wire.new_socket: no high-water mark)
         with self._receive_lock:
             self._events.close()
-        self._commands.close()
+        with self._send_lock:
+            self._commands.close()
         self._context.term()
         shutil.rmtree(self._dir, ignore_errors=True)
 
