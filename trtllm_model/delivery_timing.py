@@ -4,8 +4,9 @@ Each poller worker owns one `PhaseTimes` (no lock, no shared counter between thr
 With `TRTLLM_DELIVERY_TIMING_S=N` in the server's environment the phases are timed and the dispatcher logs the
 breakdown every N seconds (and once at shutdown) to the server log: microseconds per response in each phase over the
 last period, and the `execute()` calls of that period (calls, requests a call, wall and thread CPU milliseconds a
-call: wall well over CPU is waiting, for the interpreter's lock or Triton). Without it only the counts are kept: timing every phase always cost the stub's saturated interpreter
-about a third of its responses (256 streams, poller alone, 2-core machine: 15k instead of 25k responses/s).
+call: wall well over CPU is waiting, for the interpreter's lock or Triton). Without it only the counts are kept:
+timing every phase always cost the stub's saturated interpreter about a third of its responses (256 streams, poller
+alone, 2-core machine: 15k instead of 25k responses/s).
 """
 
 from __future__ import annotations
