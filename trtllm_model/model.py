@@ -120,25 +120,29 @@ class TritonPythonModel:
     def execute(self, requests: list) -> None:
         with self.poller.execute_timer(len(requests)):
             for request in requests:
-                stream = TritonStream(request)
-                try:
-                    parsed = self._parse(request)
-                except InvalidInput as exc:
-                    stream.send_error(ErrorCode.UNSUPPORTED if exc.unsupported else ErrorCode.INVALID_ARG, str(exc))
-                    continue
-                except Exception as exc:  # never let one request's surprise take the batch down
-                    log.exception("request conversion failed")
-                    stream.send_error(ErrorCode.INVALID_ARG, f"malformed request: {exc}")
-                    continue
-                streams = [stream] if len(parsed) == 1 else BatchStream(stream, len(parsed)).members
-                rows = [RequestContext(one, member, triton_request_id=request.request_id())
-                        for one, member in zip(parsed, streams, strict=True)]
-                try:
-                    self.poller.submit_rows(rows)
-                except Exception as exc:  # the poller answers its own refusals; this is a bug, kept to one request
-                    log.exception("submit failed")
-                    stream.send_error(ErrorCode.INTERNAL, f"submit failed: {exc}")
+                self._take(request)
         return None
+
+    def _take(self, request) -> None:
+        """Parse one request and hand it to the poller; what fails here is answered on its own stream."""
+        stream = TritonStream(request)
+        try:
+            parsed = self._parse(request)
+        except InvalidInput as exc:
+            stream.send_error(ErrorCode.UNSUPPORTED if exc.unsupported else ErrorCode.INVALID_ARG, str(exc))
+            return
+        except Exception as exc:  # never let one request's surprise take the batch down
+            log.exception("request conversion failed")
+            stream.send_error(ErrorCode.INVALID_ARG, f"malformed request: {exc}")
+            return
+        streams = [stream] if len(parsed) == 1 else BatchStream(stream, len(parsed)).members
+        rows = [RequestContext(one, member, triton_request_id=request.request_id())
+                for one, member in zip(parsed, streams, strict=True)]
+        try:
+            self.poller.submit_rows(rows)
+        except Exception as exc:  # the poller answers its own refusals; this is a bug, kept to one request
+            log.exception("submit failed")
+            stream.send_error(ErrorCode.INTERNAL, f"submit failed: {exc}")
 
     def _parse(self, request) -> list:
         parameters = parameters_dict(request_parameters_json(request), self.limits.accepted_parameters)
