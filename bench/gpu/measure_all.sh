@@ -15,6 +15,8 @@
 # engine-ab (not in the default STEPS): the engine step from the bundle's base tree (make_bundle.sh with AB_BASE=<commit>)
 # and from this one, in turn, AB_PAIRS times (default 2), each in every ENGINE_MODES layout; the tree is swapped in
 # $GPU_HOME/src, where the stub's links point, and this one is left in place at the end.
+# e2e-ab (not in the default STEPS): the same for bench/e2e.py through Triton only (E2E_AB_ARGS, default 256 streams,
+# the engine in its worker process), base then this tree, AB_PAIRS times: each run about 70-130 s on an H100.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 RUN="$HERE/run_on_gpu.sh"
@@ -26,6 +28,8 @@ ENGINE_ARGS=${ENGINE_ARGS:---device cuda --levels 1,32,128,256 --prompts 8 --seq
 SERVING_ARGS=${SERVING_ARGS:---loads 0 64 256 512 1024 --max-batch 1100 --client-procs 6 --warmup 2 --window 5 \
 --idle-s 2 --in-process-samples 50 --skip-perf-analyzer --no-plot --quiet-timeout 5 --profile-s 4}
 E2E_ARGS=${E2E_ARGS:---device cuda --loads 64 256 --warmup 3 --window 8 --client-procs 4 --profile-s 4}
+E2E_AB_ARGS=${E2E_AB_ARGS:---device cuda --loads 256 --stagger --warmup 3 --window 8 --client-procs 4 --skip-in-process \
+--param engine_process=true}
 ENGINE_MODES=${ENGINE_MODES:-process thread}
 DRY=""
 if [ "${DRY_RUN:-0}" = 1 ]; then DRY=echo; fi
@@ -82,6 +86,14 @@ tests/test_cuda_multi_instance.py ;;
         for tree in base this; do
           use_tree "$tree" || break 2
           for mode in $ENGINE_MODES; do step "${ENGINE_LIMIT_S:-110}" engine $ENGINE_ARGS $(engine_flag "$mode"); done
+        done
+      done
+      use_tree this ;;
+    e2e-ab)
+      for _ in $(seq "${AB_PAIRS:-2}"); do
+        for tree in base this; do
+          use_tree "$tree" || break 2
+          step 200 e2e $E2E_AB_ARGS
         done
       done
       use_tree this ;;
