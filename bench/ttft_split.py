@@ -1,11 +1,11 @@
 """Where a request's time to first token goes inside the server, from two snapshots of what it already reports:
-Triton's statistics for the `tensorrt_llm` model (its queue before `execute()`, the requests an `execute()` call takes)
-and the model's own histograms on the metrics port (from `execute()` receiving the request to the executor taking it, and to its first
-token). The difference of two snapshots covers what happened between them.
+Triton's statistics for the `tensorrt_llm` model (its queue before `execute()`, the requests an `execute()` call takes,
+how long the call took) and the model's own histograms on the metrics port (from `execute()` receiving the request to
+the executor taking it, and to its first token). The difference of two snapshots covers what happened between them.
 
-    before = snapshot(server); ...; after = snapshot(server); split(before, after)
+    before = snapshot(http_url, metrics_url); ...; after = snapshot(http_url, metrics_url)
+    split(before, after, seconds_between)
     gauges(metrics_url) a few times in between: where the requests the model holds are at that moment
-
 
 The histograms are observed by the model's `metrics` thread within a time budget, so under load they may lag the
 window by up to a period; their means are of the requests observed, not a count of the window's requests.
