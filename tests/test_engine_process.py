@@ -33,7 +33,17 @@ from trtllm_model.executor_interface import (
 )
 from trtllm_model.executors import engine_client, engine_worker
 from trtllm_model.executors.engine_client import EngineProcess
-from trtllm_model.executors.engine_wire import Progress, decode, encode, new_socket, pack_steps, unpack_steps
+from trtllm_model.executors.engine_wire import (
+    Progress,
+    decode,
+    decode_request,
+    encode,
+    encode_request,
+    encode_submits,
+    new_socket,
+    pack_steps,
+    unpack_steps,
+)
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
 from trtllm_model.params import Params
 
@@ -99,10 +109,14 @@ def test_a_submitted_request_round_trips_with_every_field_and_its_arrays_beside_
         allotted_time_ms=250, lora_task_id=3, lora_weights=lora, lora_config=np.ones((30, 3), dtype=np.int32),
         guided_decoding_type="regex", guided_decoding_guide="[ab]+", cache_salt="tenant",
         lora_adapter=(1, "a", "/loras/a", "hf"), faults={"x": "y"})
-    frames = encode(("submit", 7, request))
-    assert len(frames) == 2 and len(frames[0]) < 2000  # the LoRA weights beside the pickle, not in it
-    kind, request_id, got = decode(frames)
-    assert (kind, request_id) == ("submit", 7) and np.array_equal(got.lora_weights, lora)
+    plain = GenerationRequest(input_ids=[4], max_tokens=1)
+    frames = encode_submits([(7, encode_request(request)), (8, encode_request(plain))])
+    assert len(frames) == 4 and len(frames[1]) < 2000  # header, request 7 and its LoRA weights beside it, request 8
+    kind, submits = decode(frames)
+    assert kind == "submits" and [(request_id, len(parts)) for request_id, parts in submits] == [(7, 2), (8, 1)]
+    assert decode_request(submits[1][1]) == plain
+    got = decode_request(submits[0][1])
+    assert np.array_equal(got.lora_weights, lora)
     assert np.array_equal(got.lora_config, request.lora_config) and got.lora_config.dtype == np.int32
     got.lora_weights = request.lora_weights = got.lora_config = request.lora_config = None
     assert got == request
@@ -133,24 +147,32 @@ def worker_beside(tmp_path) -> tuple[engine_worker._Worker, zmq.Socket]:
 
 def test_each_command_reaches_the_engine_as_it_arrives_and_a_request_that_cannot_start_fails_alone(tmp_path):
     """Submits and cancels reach the engine one by one in the order sent (a submit is not held back for the ones
-    behind it); a request the worker cannot make a sequence of gets its own error step and the rest go on; a stop
-    ends the loop."""
+    behind it, in its message or after it); a request the worker cannot decode or make a sequence of gets its own
+    error step and the rest go on; a stop ends the loop."""
     worker, commands = worker_beside(tmp_path)
-    request = GenerationRequest(input_ids=[5, 6, 7], max_tokens=4)
-    sent = [("submit", 1, request), ("submit", 2, request), ("cancel", 1), ("submit", 3, request),
-            ("submit", 4, None), ("submit", 5, request), ("stop",)]
-    for command in sent:
-        commands.send_multipart(encode(command))
+    request = encode_request(GenerationRequest(input_ids=[5, 6, 7], max_tokens=4))
+    sent = [encode_submits([(1, request), (2, request)]), encode(("cancel", 1)),
+            encode_submits([(3, request), (4, encode_request(None)), (5, [b"not a pickle"]), (6, request)]),
+            encode(("stop",))]
+    for frames in sent:
+        commands.send_multipart(frames)
     failed, handled = [], []
     worker.send_steps = failed.extend
+    submit = worker._submit
+
+    def submit_seen(request_id: int, frames: list) -> None:
+        if request_id == 2:
+            assert worker.engine.calls == [("submit", 1)]  # already with the engine, before the next is decoded
+        submit(request_id, frames)
+
+    worker._submit = submit_seen
     for _ in sent:
-        command = worker.receive()
-        handled.append(worker._handle(command))
-        if command[0] == "submit" and command[1] == 1:
-            assert worker.engine.calls == [("submit", 1)]  # already with the engine, before the next is read
-    assert handled == [True] * 6 + [False]
-    assert worker.engine.calls == [("submit", 1), ("submit", 2), ("cancel", 1), ("submit", 3), ("submit", 5)]
-    assert [(step.request_id, step.finish_reason) for step in failed] == [(4, FinishReason.ERROR)]
+        handled.append(worker._handle(worker.receive()))
+    assert handled == [True] * 3 + [False]
+    assert worker.engine.calls == [("submit", 1), ("submit", 2), ("cancel", 1), ("submit", 3), ("submit", 6)]
+    assert [(step.request_id, step.finish_reason) for step in failed] == [(4, FinishReason.ERROR),
+                                                                          (5, FinishReason.ERROR)]
+    assert worker._submits_seen == 6
     commands.close()
     worker._commands.close()
     worker._events.close()
@@ -305,6 +327,47 @@ def test_bad_requests_are_refused_at_enqueue_in_the_stub(executor, prompt):
         executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=2, top_p=1.5))
     # The engine still serves.
     assert run(executor, executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=2)))[-1].is_final
+
+
+class RecordingSocket:
+    """The stub's command socket, recording each message's kind and the request ids of a submits message."""
+
+    def __init__(self, socket: zmq.Socket) -> None:
+        self.socket, self.sent = socket, []
+
+    def send_multipart(self, frames: list, **kwargs) -> None:
+        message = decode([bytes(frame) for frame in frames])
+        self.sent.append((message[0], [request_id for request_id, _ in message[1]] if message[0] == "submits" else
+                          list(message[1:])))
+        self.socket.send_multipart(frames, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.socket, name)
+
+
+def test_a_batchs_submits_go_as_one_message_when_it_ends_and_a_cancel_never_overtakes_them(executor, prompt):
+    """Within `enqueue_together` (execute()'s batch) nothing is sent until the block ends, unless a cancel goes
+    first: then the held submits go just before it. A request that cannot be encoded fails its own enqueue; the
+    others of the batch run."""
+    engine = executor.engine
+    recording = engine._commands = RecordingSocket(engine._commands)
+    try:
+        with executor.enqueue_together():
+            first = executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=3))
+            with pytest.raises(TypeError):
+                executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=3, faults={"x": threading.Lock()}))
+            second = executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=4))
+            assert recording.sent == []
+        assert recording.sent == [("submits", [first, second])]
+        assert run(executor, first)[-1].finish_reason is FinishReason.LENGTH and run(executor, second)[-1].is_final
+        with executor.enqueue_together():
+            third = executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=4000, min_tokens=4000))
+            executor.cancel(third)
+            assert recording.sent[1:] == [("submits", [third]), ("cancel", [third])]
+        assert len(recording.sent) == 3
+    finally:
+        engine._commands = recording.socket
+    assert run(executor, third)[-1].finish_reason is FinishReason.CANCELLED
 
 
 def test_the_queue_bound_counts_requests_waiting_in_the_worker(executor, prompt):

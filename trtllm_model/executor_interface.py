@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -231,6 +232,11 @@ class Executor(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Stop the engine and release its resources; idempotent."""
+
+    def enqueue_together(self) -> AbstractContextManager[None]:
+        """Around a run of `enqueue` calls from one thread (one `execute()` batch): an executor may hand them to its
+        engine together when the block ends. By default each goes at once."""
+        return nullcontext()
 
     @property
     def batch_slots(self) -> int | None:

@@ -118,7 +118,7 @@ class TritonPythonModel:
         self.poller.start()
 
     def execute(self, requests: list) -> None:
-        with self.poller.execute_timer(len(requests)):
+        with self.poller.executing(len(requests)):
             for request in requests:
                 self._take(request)
         return None

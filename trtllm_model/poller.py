@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import contextmanager
 
 from .dispatch import Dispatcher
 from .executor_interface import Executor, ExecutorError, FinishReason, QueueFull, RequestRejected, Step
@@ -95,10 +95,13 @@ class Poller:
             return len(self._open) + self._rows.held
 
     # -- called from execute() ---------------------------------------------------------------------------------
-    def execute_timer(self, requests: int) -> AbstractContextManager[None]:
-        """Around execute()'s batch of `requests`: timed with the delivery phases when TRTLLM_DELIVERY_TIMING_S is
-        set (its wall against its thread's CPU shows how long it waited for the interpreter's lock)."""
-        return self.dispatcher.timing.executing(requests)
+    @contextmanager
+    def executing(self, requests: int) -> Iterator[None]:
+        """Around execute()'s batch of `requests`: their enqueues reach the executor together when it ends
+        (`Executor.enqueue_together`), and it is timed with the delivery phases when TRTLLM_DELIVERY_TIMING_S is set
+        (its wall against its thread's CPU shows how long it waited for the interpreter's lock)."""
+        with self.dispatcher.timing.executing(requests), self.executor.enqueue_together():
+            yield
 
     def submit_rows(self, rows: list[RequestContext]) -> None:
         """Hand a request's rows to the executor; a batched request's rows go through the row gate, all accepted or

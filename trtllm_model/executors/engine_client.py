@@ -27,12 +27,24 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import zmq
 
 from ..executor_interface import GenerationRequest, IterationStats, Step
 from . import engine_worker
-from .engine_wire import EngineSpec, Progress, WorkerInfo, decode, encode, new_socket, unpack_steps
+from .engine_wire import (
+    EngineSpec,
+    Progress,
+    WorkerInfo,
+    decode,
+    encode,
+    encode_request,
+    encode_submits,
+    new_socket,
+    unpack_steps,
+)
 
 READY_TIMEOUT_S = 900.0  # the first start dequantises SmolLM2 (tens of seconds on a small CPU)
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0  # config.pbtxt `engine_heartbeat_timeout_s`
@@ -40,7 +52,8 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0  # config.pbtxt `engine_heartbeat_timeout_s`
 
 class EngineProcess:
     """The worker seen from the stub; the same calls as `embedded.engine.Engine` (submit takes the request and its
-    id). `submit`/`cancel` may come from any thread, `wait_steps` from one at a time."""
+    id). `submit`/`cancel` may come from any thread, `wait_steps` from one at a time. Within `submits_together`, the
+    calling thread's submits go as one message when the block ends."""
 
     def __init__(self, spec: EngineSpec, ready_timeout_s: float = READY_TIMEOUT_S,
                  heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S) -> None:
@@ -57,6 +70,8 @@ class EngineProcess:
         self._error: str | None = None
         self._stopped = False
         self._sent_submits = 0
+        self._unsent: list[tuple[int, list]] = []  # submits held back (id, request frames), under _send_lock
+        self._holding: int | None = None  # the thread whose submits are held back (submits_together)
         self._queued_seen = (0, 0)  # (queued, submits the worker had seen) in its latest message
         # The worker gets this interpreter's sys.path once it has started (not PYTHONPATH, which would also steer
         # the interpreter's own start-up imports): it imports what the stub imported, and not from its working
@@ -87,24 +102,49 @@ class EngineProcess:
         raise RuntimeError(f"engine worker not ready after {timeout_s:.0f} s")
 
     def _send(self, message: tuple) -> bool:
-        """Send to the worker; False once `stop` has closed the socket (a late cancel from another thread)."""
+        """Send to the worker, after any submits held back (a cancel never overtakes its request's submit); False
+        once `stop` has closed the socket (a late cancel from another thread)."""
         with self._send_lock:
             if self._commands.closed:
                 return False
-            if message[0] == "submit":
-                self._sent_submits += 1
+            self._send_unsent()
             self._commands.send_multipart(encode(message), copy=False)
             return True
+
+    def _send_unsent(self) -> None:
+        """(caller holds _send_lock)"""
+        if self._unsent:
+            unsent, self._unsent = self._unsent, []
+            self._commands.send_multipart(encode_submits(unsent), copy=False)
 
     def submit(self, request_id: int, request: GenerationRequest) -> None:
         from ..embedded.engine import EngineDead
 
         if self.error:
             raise EngineDead(self.error)
-        if self._stopped:
-            raise EngineDead("the engine is shut down")
-        if not self._send(("submit", request_id, request)):
-            raise EngineDead("the engine is shut down")
+        frames = encode_request(request)
+        with self._send_lock:
+            if self._stopped or self._commands.closed:
+                raise EngineDead("the engine is shut down")
+            self._sent_submits += 1
+            self._unsent.append((request_id, frames))
+            if self._holding != threading.get_ident():
+                self._send_unsent()
+
+    @contextmanager
+    def submits_together(self) -> Iterator[None]:
+        """Hold this thread's submits back until the block ends, then send them as one message: zmq lets go of the
+        interpreter's lock for every send, and `execute()` waits to get it back beside the delivery threads
+        (docs/performance.md, "Streaming through Triton on an H100"). Other threads' submits still go at once."""
+        with self._send_lock:
+            outer, self._holding = self._holding, threading.get_ident()
+        try:
+            yield
+        finally:
+            with self._send_lock:
+                self._holding = outer
+                if not self._commands.closed:
+                    self._send_unsent()
 
     def cancel(self, request_id: int) -> None:
         if not self._stopped and self.error is None:

@@ -67,6 +67,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -230,6 +231,12 @@ class TransformersExecutor(Executor):
         except EngineDead as exc:
             raise ExecutorError(str(exc)) from None
         return request_id
+
+    def enqueue_together(self) -> AbstractContextManager[None]:
+        """The worker process gets a batch's requests in one message; the engine on a thread takes each at once."""
+        if isinstance(self.engine, EngineProcess):
+            return self.engine.submits_together()
+        return nullcontext()
 
     def await_steps(self, timeout_s: float) -> list[Step]:
         try:
