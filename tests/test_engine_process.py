@@ -370,6 +370,27 @@ def test_a_batchs_submits_go_as_one_message_when_it_ends_and_a_cancel_never_over
     assert run(executor, third)[-1].finish_reason is FinishReason.CANCELLED
 
 
+class BrokenSocket(RecordingSocket):
+    def send_multipart(self, frames: list, **kwargs) -> None:
+        raise zmq.ZMQError(zmq.ENOTSOCK)
+
+
+def test_a_batch_that_cannot_reach_the_worker_reports_the_engine_dead_instead_of_leaving_its_requests_waiting():
+    executor = new_process_executor()
+    try:
+        real = executor.engine._commands
+        executor.engine._commands = BrokenSocket(real)
+        with executor.enqueue_together():
+            executor.enqueue(GenerationRequest(input_ids=[1, 2, 3], max_tokens=2))
+        with pytest.raises(ExecutorError, match="engine worker unreachable"):
+            executor.await_steps(0.1)
+        with pytest.raises(ExecutorError, match="engine worker unreachable"):
+            executor.enqueue(GenerationRequest(input_ids=[1, 2, 3], max_tokens=2))
+        executor.engine._commands = real
+    finally:
+        executor.shutdown()
+
+
 def test_the_queue_bound_counts_requests_waiting_in_the_worker(executor, prompt):
     long = GenerationRequest(input_ids=prompt, max_tokens=4000, min_tokens=4000)
     running = []

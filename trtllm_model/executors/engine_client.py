@@ -113,9 +113,15 @@ class EngineProcess:
 
     def _send_unsent(self) -> None:
         """(caller holds _send_lock)"""
-        if self._unsent:
-            unsent, self._unsent = self._unsent, []
+        if not self._unsent:
+            return
+        unsent, self._unsent = self._unsent, []
+        try:
             self._commands.send_multipart(encode_submits(unsent), copy=False)
+        except zmq.ZMQError as exc:
+            # These requests are the poller's already, and a held batch's enqueues have returned: the engine reports
+            # dead instead (`error`), and the poller ends every open request with UNAVAILABLE. Nothing hangs.
+            self._error = f"engine worker unreachable: {exc}"
 
     def submit(self, request_id: int, request: GenerationRequest) -> None:
         from ..embedded.engine import EngineDead
