@@ -70,7 +70,7 @@ class EngineProcess:
         self._error: str | None = None
         self._stopped = False
         self._sent_submits = 0
-        self._unsent: list[tuple[int, list]] = []  # submits held back (id, request frames), under _send_lock
+        self._unsent: list[tuple[int, bytes]] = []  # submits held back (id, encoded request), under _send_lock
         self._holding: int | None = None  # the thread whose submits are held back (submits_together)
         self._queued_seen = (0, 0)  # (queued, submits the worker had seen) in its latest message
         # The worker gets this interpreter's sys.path once it has started (not PYTHONPATH, which would also steer
@@ -88,6 +88,7 @@ class EngineProcess:
             raise
         self._heard_at = self._moved_at = time.monotonic()  # heartbeats count from here
         self._iteration = -1
+        threading.Thread(target=self._watch_exit, name="engine-worker-exit", daemon=True).start()
 
     def _wait_ready(self, timeout_s: float) -> WorkerInfo:
         deadline = time.monotonic() + timeout_s
@@ -128,12 +129,12 @@ class EngineProcess:
 
         if self.error:
             raise EngineDead(self.error)
-        frames = encode_request(request)
+        encoded = encode_request(request)
         with self._send_lock:
             if self._stopped or self._commands.closed:
                 raise EngineDead("the engine is shut down")
             self._sent_submits += 1
-            self._unsent.append((request_id, frames))
+            self._unsent.append((request_id, encoded))
             if self._holding != threading.get_ident():
                 self._send_unsent()
 
@@ -210,10 +211,15 @@ class EngineProcess:
         queued, seen = self._queued_seen
         return queued + max(0, self._sent_submits - seen)
 
+    def _watch_exit(self) -> None:
+        """Wait for the worker to exit, on a thread of its own: `error` is then a plain read. (Asking the process on
+        every enqueue and cancel was a waitpid call, which lets go of the interpreter's lock, twice a request.)"""
+        returncode = self.process.wait()
+        if self._error is None and not self._stopped:
+            self._error = f"engine worker exited ({_exit_reason(returncode)})"
+
     @property
     def error(self) -> str | None:
-        if self._error is None and not self._stopped and self.process.poll() is not None:
-            self._error = f"engine worker exited ({_exit_reason(self.process.returncode)})"
         return self._error
 
     def stop(self, timeout_s: float = 30.0) -> None:

@@ -1,6 +1,6 @@
 """The messages between the stub and its engine worker (engine_client.py, engine_worker.py), and their encoding.
 
-  stub -> worker   ("spec", EngineSpec) once, then ("submits", [(id, GenerationRequest frames), ...]), ("cancel", id),
+  stub -> worker   ("spec", EngineSpec) once, then ("submits", [(id, encoded GenerationRequest), ...]), ("cancel", id),
                    ("stop",): one submits message carries the requests of one `execute()` batch, or one request
   worker -> stub   ("ready", WorkerInfo) or ("failed", message) once, then ("steps", PackedSteps, stats, Progress):
                    every step and iteration stat the engine published since the previous message, one message per
@@ -179,28 +179,26 @@ def encode(message: tuple) -> list:
 
 
 def decode(frames: list) -> tuple:
-    """The message again; a submits message keeps each request's frames as they came (`decode_request`), so that a
-    request the worker cannot decode fails alone."""
-    message = pickle.loads(frames[0], buffers=frames[1:])
-    if message[0] != "submits":
-        return message
-    rest = iter(frames[1:])
-    return "submits", [(request_id, [next(rest) for _ in range(count)]) for request_id, count in message[1]]
-
-
-def encode_request(request: GenerationRequest) -> list:
-    """A request's frames, encoded on the thread that enqueues it: one that cannot be encoded fails its own enqueue."""
-    return encode(request)
-
-
-def decode_request(frames: list) -> GenerationRequest:
     return pickle.loads(frames[0], buffers=frames[1:])
 
 
-def encode_submits(submits: list[tuple[int, list]]) -> list:
-    """Frames of one submits message: a header of (id, frame count) pairs, then every request's frames in order."""
-    header = encode(("submits", [(request_id, len(frames)) for request_id, frames in submits]))
-    return [*header, *(frame for _, frames in submits for frame in frames)]
+def encode_request(request: GenerationRequest) -> bytes:
+    """A request as one pickle, on the thread that enqueues it (one that cannot be encoded fails its own enqueue). Its
+    arrays go inside it: a submits message is then one frame, and pyzmq lets go of the interpreter's lock once a
+    frame."""
+    out = io.BytesIO()
+    _Pickler(out, protocol=5).dump(request)
+    return out.getvalue()
+
+
+def decode_request(encoded: bytes) -> GenerationRequest:
+    return pickle.loads(encoded)
+
+
+def encode_submits(submits: list[tuple[int, bytes]]) -> list:
+    """One submits message: (id, encoded request) pairs, each request decoded apart by the worker, so that one it
+    cannot decode fails alone."""
+    return encode(("submits", submits))
 
 
 def new_socket(context: zmq.Context, kind: int) -> zmq.Socket:

@@ -99,20 +99,20 @@ class _Worker:
         commands of a burst together (569745b, reverted) gave 0.88-0.90x the tokens/s at 256 streams on an H200
         (docs/performance.md, "The embedded engine on an H200 today")."""
         if command[0] == "submits":
-            for request_id, frames in command[1]:
-                self._submit(request_id, frames)
+            for request_id, encoded in command[1]:
+                self._submit(request_id, encoded)
         elif command[0] == "cancel":
             self._cancel(command[1])
         elif command[0] == "stop":
             return False
         return True
 
-    def _submit(self, request_id: int, frames: list) -> None:
+    def _submit(self, request_id: int, encoded: bytes) -> None:
         from ..embedded.sequence import Sequence
 
         self._submits_seen += 1
         try:
-            request = decode_request(frames)
+            request = decode_request(encoded)
             sequence = Sequence.from_request(request_id, request, self.info.vocab_size, self.info.generation_eos_id)
             if request.guided_decoding_type is not None:
                 with self._admission_lock:
