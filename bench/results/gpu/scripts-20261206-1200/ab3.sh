@@ -12,6 +12,7 @@ if [ "${SETUP:-0}" = 1 ]; then
   bash bench/gpu/run_on_gpu.sh setup .gpu/model1 2>&1 | grep --line-buffered -v "pip as the 'root'" | tail -1
 fi
 rm -f $R/e2e-*.json
+mkdir -p $OUT; ( while true; do cp $R/e2e-*.json $OUT/ 2>/dev/null; sleep 5; done ) &  # a call cut short keeps its runs
 SKIP_SETUP=1 STEPS=e2e-ab AB_TREES="$TREES" AB_PAIRS=1 bash bench/gpu/measure_all.sh 2>&1 | grep --line-buffered -v "$F" \
   | grep --line-buffered -A1 "=== \|via Triton  load\|results:"
 mkdir -p $OUT && cp $R/e2e-*.json $OUT/ 2>/dev/null
