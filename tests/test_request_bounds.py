@@ -3,6 +3,7 @@ tests), and the budget of logits shared by the requests in flight."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -251,3 +252,15 @@ def test_executors_share_the_budget_between_requests_in_flight():
         executor.enqueue(logits_request())
     finally:
         executor.shutdown()
+
+
+@pytest.mark.parametrize("ids, bad", [([1, 999, 0], None), ([], None), ([1, 1000], "1000"), ([-1, 2], "-1"),
+                                      ([1, True], "True"), ([1, np.int64(3)], "3"), ([1, 2.0], "2.0")])
+def test_token_ids_are_plain_ints_in_the_vocabulary_and_a_refusal_names_the_first_that_is_not(ids, bad):
+    for name, fields in (("input_ids", {"input_ids": ids or [1]}), ("stop_words", {"input_ids": [1], "stop_words": [ids]})):
+        request = GenerationRequest(max_tokens=1, **fields)
+        if bad is None:
+            check_request(request, 1000, None)
+            continue
+        with pytest.raises(RequestRejected, match=rf"{name}: token id {re.escape(bad)} is outside the vocabulary"):
+            check_request(request, 1000, None)
