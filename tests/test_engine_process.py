@@ -39,7 +39,6 @@ from trtllm_model.executors.engine_wire import (
     decode_request,
     encode,
     encode_request,
-    encode_submits,
     new_socket,
     pack_steps,
     unpack_steps,
@@ -110,7 +109,7 @@ def test_submitted_requests_round_trip_with_every_field_and_their_arrays_in_one_
         guided_decoding_type="regex", guided_decoding_guide="[ab]+", cache_salt="tenant",
         lora_adapter=(1, "a", "/loras/a", "hf"), faults={"x": "y"})
     plain = GenerationRequest(input_ids=[4], max_tokens=1)
-    frames = encode_submits([(7, encode_request(request)), (8, encode_request(plain))])
+    frames = encode(("submits", [(7, encode_request(request)), (8, encode_request(plain))]))
     assert len(frames) == 1  # one frame, the arrays inside: pyzmq lets go of the interpreter's lock once a frame
     kind, submits = decode(frames)
     assert kind == "submits" and [request_id for request_id, _ in submits] == [7, 8]
@@ -151,8 +150,8 @@ def test_each_command_reaches_the_engine_as_it_arrives_and_a_request_that_cannot
     error step and the rest go on; a stop ends the loop."""
     worker, commands = worker_beside(tmp_path)
     request = encode_request(GenerationRequest(input_ids=[5, 6, 7], max_tokens=4))
-    sent = [encode_submits([(1, request), (2, request)]), encode(("cancel", 1)),
-            encode_submits([(3, request), (4, encode_request(None)), (5, b"not a pickle"), (6, request)]),
+    sent = [encode(("submits", [(1, request), (2, request)])), encode(("cancel", 1)),
+            encode(("submits", [(3, request), (4, encode_request(None)), (5, b"not a pickle"), (6, request)])),
             encode(("stop",))]
     for frames in sent:
         commands.send_multipart(frames)

@@ -41,7 +41,6 @@ from .engine_wire import (
     decode,
     encode,
     encode_request,
-    encode_submits,
     new_socket,
     unpack_steps,
 )
@@ -118,7 +117,7 @@ class EngineProcess:
             return
         unsent, self._unsent = self._unsent, []
         try:
-            self._commands.send_multipart(encode_submits(unsent), copy=False)
+            self._commands.send_multipart(encode(("submits", unsent)), copy=False)
         except zmq.ZMQError as exc:
             # These requests are the poller's already, and a held batch's enqueues have returned: the engine reports
             # dead instead (`error`), and the poller ends every open request with UNAVAILABLE. Nothing hangs.

@@ -1,7 +1,8 @@
 """The messages between the stub and its engine worker (engine_client.py, engine_worker.py), and their encoding.
 
   stub -> worker   ("spec", EngineSpec) once, then ("submits", [(id, encoded GenerationRequest), ...]), ("cancel", id),
-                   ("stop",): one submits message carries the requests of one `execute()` batch, or one request
+                   ("stop",): one submits message carries the requests of one `execute()` batch, or one request; the
+                   worker decodes each request apart, so that one it cannot decode fails alone
   worker -> stub   ("ready", WorkerInfo) or ("failed", message) once, then ("steps", PackedSteps, stats, Progress):
                    every step and iteration stat the engine published since the previous message, one message per
                    wake-up, and at least one every HEARTBEAT_S even when idle (the heartbeat); ("dead", message) when
@@ -193,12 +194,6 @@ def encode_request(request: GenerationRequest) -> bytes:
 
 def decode_request(encoded: bytes) -> GenerationRequest:
     return pickle.loads(encoded)
-
-
-def encode_submits(submits: list[tuple[int, bytes]]) -> list:
-    """One submits message: (id, encoded request) pairs, each request decoded apart by the worker, so that one it
-    cannot decode fails alone."""
-    return encode(("submits", submits))
 
 
 def new_socket(context: zmq.Context, kind: int) -> zmq.Socket:
