@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from trtllm_model.conventions.common import Limits
 from trtllm_model.conventions.inflight_batcher import parse_request
-from trtllm_model.detokenizer import MAX_WINDOW_TOKENS, IncrementalDetokenizer, chat_prompt_ids
+from trtllm_model.detokenizer import MAX_WINDOW_TOKENS, IncrementalDetokenizer, chat_prompt_ids, chat_prompt_text
 from trtllm_model.embedded.model_loading import load_tokenizer
 from trtllm_model.openai_frontend.tokenization import chat_prompt_ids as openai_chat_prompt_ids
 
@@ -140,7 +140,7 @@ def test_one_conversation_gives_the_same_ids_on_both_chat_paths(tokenizer, bos_a
                "request_output_len": np.array([[4]], np.int32), "apply_chat_template": np.array([[True]])}
     # The model's apply_chat_template: model.py hands parse_request this function of the text.
     triton_ids = parse_request(tensors, {}, Limits(), chat,
-                               lambda text: chat_prompt_ids(chat, [{"role": "user", "content": text}])).generation.input_ids
+                               lambda text: chat_prompt_text(chat, [{"role": "user", "content": text}])).generation.input_ids
     openai_ids = openai_chat_prompt_ids(chat, [{"role": "user", "content": question}])
     assert triton_ids == openai_ids
     assert openai_ids[0] == chat.bos_token_id and openai_ids[1] != chat.bos_token_id

@@ -1,4 +1,5 @@
-"""encode_text: the same ids as the tokenizer's own `encode`, taken from the Rust tokenizer only where that holds."""
+"""encode_text and encode_texts: the same ids as the tokenizer's own `encode`, taken from the Rust tokenizer only where
+that holds."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from trtllm_model.detokenizer import chat_prompt_ids
 from trtllm_model.embedded.model_loading import load_tokenizer
-from trtllm_model.text_encoding import encode_text
+from trtllm_model.text_encoding import encode_text, encode_texts
 
 TEXTS = [
     "What is the capital of France?",
@@ -35,6 +36,14 @@ def test_the_same_ids_as_the_tokenizers_encode(tokenizer, add_special_tokens):
             text, add_special_tokens=add_special_tokens), text
 
 
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+def test_a_batch_has_the_same_ids_as_the_tokenizers_encode_of_each(tokenizer, add_special_tokens):
+    expected = [tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in TEXTS]
+    assert encode_texts(tokenizer, TEXTS, add_special_tokens) == expected
+    assert encode_texts(tokenizer, TEXTS[:1], add_special_tokens) == expected[:1]
+    assert encode_texts(tokenizer, [], add_special_tokens) == []
+
+
 def test_a_chat_prompt_has_the_same_ids_as_the_template_then_encode(tokenizer):
     for text in TEXTS:
         messages = [{"role": "user", "content": text}]
@@ -48,6 +57,7 @@ def test_a_tokenizer_set_to_truncate_or_split_special_tokens_is_asked_itself(tok
     text = TEXTS[0]
     assert len(encode_text(truncating, text)) > 3
     assert encode_text(truncating, text) == truncating.encode(text)
+    assert encode_texts(truncating, [text, text]) == [truncating.encode(text)] * 2
 
     splitting = copy.deepcopy(tokenizer)
     splitting.split_special_tokens = True
@@ -63,3 +73,4 @@ def test_a_tokenizer_without_a_rust_backend_is_asked_itself():
 
     assert encode_text(Words(), "one three") == [3, 5, 0]
     assert encode_text(Words(), "one three", add_special_tokens=False) == [3, 5]
+    assert encode_texts(Words(), ["one three", "four"]) == [[3, 5, 0], [4, 0]]

@@ -69,11 +69,14 @@ class IncrementalDetokenizer:
         self._sent = len(self._decode(self._window)) - self._held
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-    """The conversation through the model's chat template, ready for the assistant's answer, as token ids: the one
-    rendering both the `apply_chat_template` input and the OpenAI frontend use.
+def chat_prompt_text(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """The conversation through the model's chat template, ready for the assistant's answer: the one rendering both
+    the `apply_chat_template` input and the OpenAI frontend use. Encode it with `add_special_tokens=False`: the
+    template writes the special tokens (BOS included) itself, and a tokenizer that adds a BOS of its own (Llama's)
+    would otherwise begin the prompt with two."""
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
-    The template writes the special tokens (BOS included) itself, so encoding adds none: a tokenizer that adds a
-    BOS of its own (Llama's) would otherwise begin the prompt with two."""
-    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-    return encode_text(tokenizer, text, add_special_tokens=False)
+
+def chat_prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """`chat_prompt_text` as token ids."""
+    return encode_text(tokenizer, chat_prompt_text(tokenizer, messages, tools), add_special_tokens=False)

@@ -21,8 +21,9 @@ import triton_python_backend_utils as pb_utils
 
 from .build_limits import request_limits
 from .conventions import llmapi
-from .conventions.common import InvalidInput, Limits
-from .conventions.inflight_batcher import parameters_dict, parse_request, split_batch
+from .conventions.common import InvalidInput, Limits, ParsedRequest
+from .conventions.inflight_batcher import parameters_dict, request_parser, split_batch
+from .conventions.parsing import RequestParser, parse_together
 from .executors import DEFAULT_EXECUTOR, create_executor
 from .executors.synthetic import SyntheticExecutor
 from .instances import instance_of, pinned_parameters
@@ -119,21 +120,19 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> None:
         with self.poller.executing(len(requests)):
-            for request in requests:
-                self._take(request)
+            streams = [TritonStream(request) for request in requests]
+            for request, stream, parsed in zip(requests, streams, self._parse_batch(requests), strict=True):
+                self._take(request, stream, parsed)
         return None
 
-    def _take(self, request) -> None:
-        """Parse one request and hand it to the poller; what fails here is answered on its own stream."""
-        stream = TritonStream(request)
-        try:
-            parsed = self._parse(request)
-        except InvalidInput as exc:
-            stream.send_error(ErrorCode.UNSUPPORTED if exc.unsupported else ErrorCode.INVALID_ARG, str(exc))
+    def _take(self, request, stream: TritonStream, parsed: list[ParsedRequest] | Exception) -> None:
+        """Hand one request's parsed rows to the poller; what failed is answered on its own stream."""
+        if isinstance(parsed, InvalidInput):
+            stream.send_error(ErrorCode.UNSUPPORTED if parsed.unsupported else ErrorCode.INVALID_ARG, str(parsed))
             return
-        except Exception as exc:  # never let one request's surprise take the batch down
-            log.exception("request conversion failed")
-            stream.send_error(ErrorCode.INVALID_ARG, f"malformed request: {exc}")
+        if isinstance(parsed, Exception):  # never let one request's surprise take the batch down
+            log.error("request conversion failed", exc_info=parsed)
+            stream.send_error(ErrorCode.INVALID_ARG, f"malformed request: {parsed}")
             return
         streams = [stream] if len(parsed) == 1 else BatchStream(stream, len(parsed)).members
         rows = [RequestContext(one, member, triton_request_id=request.request_id())
@@ -144,7 +143,27 @@ class TritonPythonModel:
             log.exception("submit failed")
             stream.send_error(ErrorCode.INTERNAL, f"submit failed: {exc}")
 
-    def _parse(self, request) -> list:
+    def _parse_batch(self, requests: list) -> list[list[ParsedRequest] | Exception]:
+        """Each request's rows, or the exception that failed it. The batch's text prompts are tokenized in one call
+        (conventions/parsing.py): the tokenizer then works with the interpreter's lock let go."""
+        outcomes: list[list[ParsedRequest] | Exception] = []
+        parsers, owners = [], []
+        for number, request in enumerate(requests):
+            try:
+                row_parsers = self._row_parsers(request)
+            except Exception as exc:
+                outcomes.append(exc)
+                continue
+            outcomes.append([])
+            parsers.extend(row_parsers)
+            owners.extend([number] * len(row_parsers))
+        for number, row in zip(owners, parse_together(parsers, self.tokenizer), strict=True):
+            rows = outcomes[number]
+            if isinstance(rows, list):  # the request's first failed row fails it
+                outcomes[number] = row if isinstance(row, Exception) else [*rows, row]
+        return outcomes
+
+    def _row_parsers(self, request) -> list[RequestParser]:
         parameters = parameters_dict(request_parameters_json(request), self.limits.accepted_parameters)
         if self.llmapi is not None:
             batch = llmapi.split_batch(request_tensors(request), self.llmapi_options.batched)
@@ -154,8 +173,8 @@ class TritonPythonModel:
             raise InvalidInput(f"a batch of {len(batch)} sequences in one request needs the decoupled model "
                                "(one response per sequence); send one per request", unsupported=True)
         if self.llmapi is not None:
-            return [llmapi.parse_request(tensors, self.limits, self.tokenizer, self.llmapi_options) for tensors in batch]
-        return [parse_request(tensors, parameters, self.limits, self.tokenizer, self.chat_template) for tensors in batch]
+            return [llmapi.request_parser(tensors, self.limits, self.tokenizer, self.llmapi_options) for tensors in batch]
+        return [request_parser(tensors, parameters, self.limits, self.tokenizer, self.chat_template) for tensors in batch]
 
     def is_ready(self) -> bool:
         """Readiness for servers that ask the model (Triton 26.03+): not ready once the model stops accepting
@@ -201,12 +220,12 @@ class TritonPythonModel:
             return None
         tokenizer = self.tokenizer
 
-        def chat_prompt_ids_of(text: str) -> list[int]:
-            from .detokenizer import chat_prompt_ids
+        def chat_prompt_of(text: str) -> str:
+            from .detokenizer import chat_prompt_text
 
-            return chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
+            return chat_prompt_text(tokenizer, [{"role": "user", "content": text}])
 
-        return chat_prompt_ids_of
+        return chat_prompt_of
 
 
 def _version_dir_of(cls: type) -> Path | None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from ..executor_interface import OPTIONAL_INPUTS, GenerationRequest, Tokenizer
 from ..request_checks import MAX_BIAS_VALUES, MAX_GUIDE_BYTES, MAX_NAME_BYTES, MAX_WORD_LIST_TOKENS
-from ..text_encoding import encode_text
 from .common import (
     PERF_OUTPUTS,
     UINT64_MAX,
@@ -28,6 +28,7 @@ from .common import (
     in_range,
     utf8,
 )
+from .parsing import Prompt, RequestParser, parse_alone
 
 # Alternative spellings: NVIDIA renamed some inputs in 2025-05 and the text-level model uses other names.
 _ALIASES = {
@@ -242,9 +243,21 @@ def parse_request(
     parameters: dict,
     limits: Limits,
     tokenizer: Tokenizer | None,
-    chat_template=None,
+    chat_template: Callable[[str], str] | None = None,
 ) -> ParsedRequest:
     """Validate one request's input tensors and turn them into a GenerationRequest."""
+    return parse_alone(request_parser(tensors, parameters, limits, tokenizer, chat_template), tokenizer)
+
+
+def request_parser(
+    tensors: dict[str, np.ndarray],
+    parameters: dict,
+    limits: Limits,
+    tokenizer: Tokenizer | None,
+    chat_template: Callable[[str], str] | None = None,
+) -> RequestParser:
+    """parse_request, stopping at a text prompt to be sent its token ids (conventions/parsing.py). `chat_template`
+    renders a user's text as the model's chat prompt."""
     _check_batch_of_one(tensors)
     scalars = _scalars(tensors)
     if _bool(scalars, "stop"):
@@ -264,9 +277,9 @@ def parse_request(
         if not text:
             raise InvalidInput("text_input: the prompt is empty")
         if _bool(scalars, "apply_chat_template", limits.apply_chat_template) and chat_template is not None:
-            input_ids = chat_template(text)  # token ids: the template's own special tokens, no second BOS
+            input_ids = yield Prompt(chat_template(text), add_special_tokens=False)  # no second BOS
         else:
-            input_ids = encode_text(tokenizer, text)
+            input_ids = yield Prompt(text, add_special_tokens=True)
     elif "input_ids" in tensors:
         length = _int(scalars, "input_lengths", minimum=1)  # over the ids given: all of them, as NVIDIA's slice
         input_ids = _token_list("input_ids", tensors["input_ids"], limits, length)

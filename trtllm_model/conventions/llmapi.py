@@ -19,7 +19,6 @@ import numpy as np
 
 from ..executor_interface import GenerationRequest, Tokenizer
 from ..request_checks import MAX_NAME_BYTES
-from ..text_encoding import encode_text
 from .common import (
     UINT64_MAX,
     InvalidInput,
@@ -32,6 +31,7 @@ from .common import (
     in_range,
     utf8,
 )
+from .parsing import Prompt, RequestParser, parse_alone
 
 # name -> (Triton data type, dims), as NVIDIA's llmapi config.pbtxt declares them. text_input alone is required.
 INPUTS = {
@@ -181,6 +181,16 @@ def parse_request(
     options: LlmApiOptions,
 ) -> ParsedRequest:
     """Validate one request of NVIDIA's LLM API convention and turn it into a GenerationRequest."""
+    return parse_alone(request_parser(tensors, limits, tokenizer, options), tokenizer)
+
+
+def request_parser(
+    tensors: dict[str, np.ndarray],
+    limits: Limits,
+    tokenizer: Tokenizer | None,
+    options: LlmApiOptions,
+) -> RequestParser:
+    """parse_request, stopping at the text prompt to be sent its token ids (conventions/parsing.py)."""
     unknown = sorted(set(tensors) - set(INPUTS))
     if unknown:  # Triton refuses undeclared inputs; this guards a config.pbtxt that declares more than we read
         raise InvalidInput(f"{unknown[0]}: not an input of NVIDIA's LLM API model")
@@ -220,7 +230,7 @@ def parse_request(
 
     stop_items = tensors.get("sampling_param_stop", np.empty(0)).reshape(-1).tolist()
     check_word_texts("sampling_param_stop", stop_items, tokenizer)  # before tokenizing anything (each string twice)
-    input_ids = encode_text(tokenizer, text)
+    input_ids = yield Prompt(text, add_special_tokens=True)
     if limits.max_input_len is not None and len(input_ids) > limits.max_input_len:
         raise InvalidInput(f"text_input: prompt of {len(input_ids)} tokens is over max_input_len={limits.max_input_len}")
     max_tokens = _int(tensors, "sampling_param_max_tokens", DEFAULT_MAX_TOKENS, minimum=1, maximum=limits.max_output_len)
