@@ -4,6 +4,8 @@ them are answered; the logits of requests in flight share one budget."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -114,3 +116,49 @@ def test_preprocessing_and_postprocessing_refuse_oversized_inputs_before_the_tok
                 assert raised.value.message().startswith(f"INVALID_ARG: {message}"), raised.value.message()
         answered = client.infer("preprocessing", as_inputs(query(b"The capital of France is")))
     assert answered.as_numpy("REQUEST_INPUT_LEN")[0, 0] > 0
+
+
+def test_a_batchs_prompts_are_tokenized_together_and_a_bad_one_fails_alone(tmp_path):
+    """Triton hands execute() these requests in one batch (a queue delay holds them until all have come); their text
+    prompts are tokenized in one call (conventions/parsing.py). Each good one is answered with its own prompt's token
+    count; an empty prompt, one over max_input_len once tokenized, and one that is not UTF-8 each get their own
+    INVALID_ARG."""
+    from trtllm_model.detokenizer import chat_prompt_ids
+    from trtllm_model.embedded.model_loading import load_tokenizer
+
+    server = start_server(tmp_path, executor="transformers", models=("tensorrt_llm",),
+                          config_edits={"max_queue_delay_microseconds: 0": "max_queue_delay_microseconds: 2000000"},
+                          env={"TRTLLM_DELIVERY_TIMING_S": "3600"})
+    asks = (True, np.bool_)
+    requests = {
+        "chat": text_inputs("What is the capital of France?", 2, apply_chat_template=asks, return_num_input_tokens=asks),
+        "plain": text_inputs("The capital of France is", 2, return_num_input_tokens=asks),
+        "empty": text_inputs("", 2),
+        "long": text_inputs("hello " * 5000, 2),  # 5,001 tokens: within the byte bound, over max_input_len=4096
+        "bytes": [*text_inputs("x", 2)[1:], grpcclient.InferInput("text_input", [1, 1], "BYTES")],
+    }
+    requests["bytes"][-1].set_data_from_numpy(np.array([[b"\xff\xfe not UTF-8"]], np.object_))
+    clients = [StreamClient(server.grpc_url) for _ in requests]
+    try:
+        results = {name: client.send("tensorrt_llm", inputs, name)
+                   for client, (name, inputs) in zip(clients, requests.items(), strict=True)}
+        for result in results.values():
+            result.wait(300)
+    finally:
+        for client in clients:
+            client.close()
+        server.stop()
+    tokenizer = load_tokenizer()
+    expected = {"chat": len(chat_prompt_ids(tokenizer, [{"role": "user", "content": "What is the capital of France?"}])),
+                "plain": len(tokenizer.encode("The capital of France is"))}
+    for name, count in expected.items():
+        result = results[name]
+        assert result.errors == [] and result.finals == 1, (name, result.errors)
+        assert result.responses[-1].as_numpy("num_input_tokens").reshape(-1)[0] == count, name
+    assert _errors(results["empty"]) == ["INVALID_ARG: text_input: the prompt is empty"]
+    long_tokens = len(tokenizer.encode("hello " * 5000))
+    assert _errors(results["long"]) == [f"INVALID_ARG: input_ids: prompt of {long_tokens} tokens is over max_input_len=4096"]
+    assert len(results["bytes"].errors) == 1 and _errors(results["bytes"])[0].startswith(
+        "INVALID_ARG: text_input: not valid UTF-8"), results["bytes"].errors
+    timing = re.findall(r"execute: [0-9.]+ calls/s, ([0-9.]+) requests a call", server.log())
+    assert timing and float(timing[-1]) > 1.0, timing  # they came together: the batch path is what ran
