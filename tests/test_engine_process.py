@@ -34,6 +34,7 @@ from trtllm_model.executor_interface import (
 from trtllm_model.executors import engine_client, engine_worker
 from trtllm_model.executors.engine_client import EngineProcess
 from trtllm_model.executors.engine_wire import (
+    CLIENT_ID_SHIFT,
     Progress,
     decode,
     decode_request,
@@ -134,25 +135,30 @@ class RecordingEngine:
         self.calls.append(("cancel", request_id))
 
 
-def worker_beside(tmp_path) -> tuple[engine_worker._Worker, zmq.Socket]:
-    """A worker's command handling over its real socket (the stub's end bound here), with a recording engine."""
-    commands = new_socket(zmq.Context.instance(), zmq.PUSH)
-    commands.bind(f"ipc://{tmp_path}/commands")
+def worker_beside(tmp_path) -> tuple[engine_worker._Worker, zmq.Socket, int]:
+    """A worker's command handling over its real socket (a stub's end connected here, attached as stub 1), with a
+    recording engine; the stub's first request id."""
     worker = engine_worker._Worker(str(tmp_path))
+    commands = new_socket(zmq.Context.instance(), zmq.PUSH)
+    commands.connect(f"ipc://{tmp_path}/commands")
     worker.engine = RecordingEngine()
     worker.info = SimpleNamespace(vocab_size=100, generation_eos_id=2)
-    return worker, commands
+    stub = worker._attach(os.getpid(), f"ipc://{tmp_path}/events", 1)
+    return worker, commands, stub.number << CLIENT_ID_SHIFT
 
 
 def test_each_command_reaches_the_engine_as_it_arrives_and_a_request_that_cannot_start_fails_alone(tmp_path):
     """Submits and cancels reach the engine one by one in the order sent (a submit is not held back for the ones
     behind it, in its message or after it); a request the worker cannot decode or make a sequence of gets its own
-    error step and the rest go on; a stop ends the loop."""
-    worker, commands = worker_beside(tmp_path)
+    error step and the rest go on; the last stub's bye ends the loop."""
+    worker, commands, base = worker_beside(tmp_path)
+    events = new_socket(zmq.Context.instance(), zmq.PULL)
+    events.bind(f"ipc://{tmp_path}/events")
     request = encode_request(GenerationRequest(input_ids=[5, 6, 7], max_tokens=4))
-    sent = [encode(("submits", [(1, request), (2, request)])), encode(("cancel", 1)),
-            encode(("submits", [(3, request), (4, encode_request(None)), (5, b"not a pickle"), (6, request)])),
-            encode(("stop",))]
+    sent = [encode(("submits", [(base + 1, request), (base + 2, request)])), encode(("cancel", base + 1)),
+            encode(("submits", [(base + 3, request), (base + 4, encode_request(None)), (base + 5, b"not a pickle"),
+                                (base + 6, request)])),
+            encode(("bye", 1))]
     for frames in sent:
         commands.send_multipart(frames)
     failed, handled = [], []
@@ -160,21 +166,28 @@ def test_each_command_reaches_the_engine_as_it_arrives_and_a_request_that_cannot
     submit = worker._submit
 
     def submit_seen(request_id: int, encoded: bytes) -> None:
-        if request_id == 2:
-            assert worker.engine.calls == [("submit", 1)]  # already with the engine, before the next is decoded
+        if request_id == base + 2:
+            assert worker.engine.calls == [("submit", base + 1)]  # with the engine before the next is decoded
         submit(request_id, encoded)
 
     worker._submit = submit_seen
-    for _ in sent:
+    stub = worker._stubs[1]
+    for _ in sent[:-1]:
         handled.append(worker._handle(worker.receive()))
+    assert stub.submits_seen == 6 and stub.open == {base + n for n in range(1, 7)}
+    handled.append(worker._handle(worker.receive()))
     assert handled == [True] * 3 + [False]
-    assert worker.engine.calls == [("submit", 1), ("submit", 2), ("cancel", 1), ("submit", 3), ("submit", 6)]
-    assert [(step.request_id, step.finish_reason) for step in failed] == [(4, FinishReason.ERROR),
-                                                                          (5, FinishReason.ERROR)]
-    assert worker._submits_seen == 6
+    # the bye cancels what its stub left open (here every request: the recording engine ends none)
+    calls = worker.engine.calls
+    assert calls[:5] == [("submit", base + 1), ("submit", base + 2), ("cancel", base + 1), ("submit", base + 3),
+                         ("submit", base + 6)]
+    assert sorted(calls[5:]) == [("cancel", base + n) for n in range(1, 7)]
+    assert [(step.request_id, step.finish_reason) for step in failed] == [(base + 4, FinishReason.ERROR),
+                                                                          (base + 5, FinishReason.ERROR)]
+    assert events.poll(1000) and decode(events.recv_multipart()) == ("gone", 0)
+    events.close()
     commands.close()
     worker._commands.close()
-    worker._events.close()
     worker._context.term()
 
 

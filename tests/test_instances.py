@@ -61,6 +61,25 @@ def test_a_kind_gpu_instance_gets_the_device_triton_gave_it():
 
 
 @pytest.mark.parametrize(
+    ("groups", "name", "kind", "device", "params", "peers"),
+    [
+        ((CPU_2,), "tensorrt_llm_0_1", "CPU", 0, {}, 2),  # unpinned: all on the one `device`
+        ((CPU_2,), "tensorrt_llm_0_1", "CPU", 0, {"gpu_device_ids": "0;0"}, 2),
+        ((CPU_2,), "tensorrt_llm_0_1", "CPU", 0, {"gpu_device_ids": "0;1"}, 1),
+        ((CPU_2, {"name": "tensorrt_llm_1", "kind": "KIND_CPU", "count": 1}), "tensorrt_llm_1_0", "CPU", 0,
+         {"gpu_device_ids": "0,1;1;0"}, 2),  # by the group's first GPU, the one the embedded engine runs on
+        (({"name": "tensorrt_llm_0", "kind": "KIND_GPU", "count": 3, "gpus": [0, 1]},), "tensorrt_llm_0_2", "GPU",
+         1, {}, 3),
+        (({"name": "tensorrt_llm_0", "kind": "KIND_GPU", "count": 2, "gpus": [0]},
+          {"name": "tensorrt_llm_1", "kind": "KIND_GPU", "count": 1, "gpus": [1]}), "tensorrt_llm_1_0", "GPU", 1, {}, 1),
+    ],
+)
+def test_peers_are_the_instances_on_the_same_device(groups, name, kind, device, params, peers):
+    """The instances that share one embedded engine worker (model.py): those the engine would run on one device."""
+    assert instance_of(_args(name, kind, device), _config(*groups), params).peers == peers
+
+
+@pytest.mark.parametrize(
     ("value", "message"),
     [
         ("0;1;2", "3 GPU group(s) for 2 instance(s)"),

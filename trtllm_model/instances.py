@@ -36,6 +36,7 @@ class Instance:
     index: int  # among all instances of the model, in instance_group order
     count: int  # instances of the model
     gpus: tuple[int, ...] | None  # this instance's GPUs; None: not pinned
+    peers: int = 1  # instances of the model on this instance's (first) GPU, itself included; all of them unpinned
 
     @property
     def label(self) -> str | None:
@@ -64,6 +65,12 @@ def _instances_of(group: Mapping) -> int:
     if _is_gpu_kind(group.get("kind")):
         count *= max(1, len(group.get("gpus") or []))  # Triton makes `count` instances on each listed GPU
     return count
+
+
+def _instances_on(device: int, groups: list[Mapping]) -> int:
+    """Instances Triton makes on GPU `device`: `count` of each KIND_GPU group that lists it (or lists none: all)."""
+    return sum(int(group.get("count", 1) or 1) for group in groups if _is_gpu_kind(group.get("kind"))
+               and (not group.get("gpus") or device in [int(gpu) for gpu in group["gpus"]])) or 1
 
 
 def _is_gpu_kind(kind: object) -> bool:
@@ -95,8 +102,10 @@ def instance_of(args: Mapping[str, str], model_config: Mapping, raw_params: Mapp
     value = Params(raw_params, accepted=raw_params.keys()).str(PARAMETER)
     gpu_kind = _is_gpu_kind(args.get("model_instance_kind"))
     if value is None:
-        gpus = (int(args.get("model_instance_device_id", 0)),) if gpu_kind else None
-        return Instance(name, index, count, gpus)
+        if not gpu_kind:
+            return Instance(name, index, count, None, count)
+        device = int(args.get("model_instance_device_id", 0))
+        return Instance(name, index, count, (device,), _instances_on(device, groups))
     if gpu_kind or any(_is_gpu_kind(group.get("kind")) for group in groups):
         raise ConfigError(f"parameter {PARAMETER}={value!r} places KIND_CPU instances (NVIDIA's layout); a KIND_GPU "
                           "instance_group already gives each instance its GPU: use one or the other")
@@ -107,7 +116,8 @@ def instance_of(args: Mapping[str, str], model_config: Mapping, raw_params: Mapp
                           f"\"{';'.join(str(i) for i in range(count))}\"")
     if index >= count:
         raise ConfigError(f"instance {name!r}: cannot tell which of the {count} groups of {PARAMETER} is its own")
-    return Instance(name, index, count, per_instance[index])
+    mine = per_instance[index]
+    return Instance(name, index, count, mine, sum(group[0] == mine[0] for group in per_instance))
 
 
 def pinned_parameters(instance: Instance, executor: str, raw_params: Mapping[str, str]) -> dict[str, str]:

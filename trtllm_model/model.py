@@ -68,10 +68,12 @@ class TritonPythonModel:
         executor_name = override or (self.llmapi.executor if self.llmapi else
                                      Params(raw_params, accepted=raw_params.keys()).str("executor"))
         raw_params = pinned_parameters(self.instance, executor_name or DEFAULT_EXECUTOR, raw_params)
+        # The instances of this model in this server (the stubs' parent) on one device share one engine worker.
+        shared_as = f"{os.getppid()}:{args['model_repository']}:{args['model_version']}"
         if self.llmapi is None:
-            self.executor, params = create_executor(raw_params, override)
+            self.executor, params = create_executor(raw_params, override, shared_as, self.instance.peers)
         else:
-            self.executor, params = _llmapi_executor(self.llmapi, raw_params, override)
+            self.executor, params = _llmapi_executor(self.llmapi, raw_params, override, shared_as, self.instance.peers)
         self.tokenizer = self.executor.tokenizer()
         self.chat_template = self._chat_template()
         self.limits = Limits(
@@ -238,7 +240,8 @@ def _version_dir_of(cls: type) -> Path | None:
     return None
 
 
-def _llmapi_executor(config: LlmApiConfig, raw_params: dict[str, str], override: str | None):
+def _llmapi_executor(config: LlmApiConfig, raw_params: dict[str, str], override: str | None, shared_as: str,
+                     peers: int):
     """The executor model.yaml asks for: every LLM argument to tensorrt_llm.LLM (trtllm_llmapi), or the embedded
     engine (`executor: transformers`); `serve --executor` overrides it."""
     name = override or config.executor
@@ -251,7 +254,7 @@ def _llmapi_executor(config: LlmApiConfig, raw_params: dict[str, str], override:
         log.warning("%s: executor %s does not use these LLM arguments: %s", config.path, name, ", ".join(ignored))
     if name != "transformers":
         embedded = {}
-    return create_executor({**raw_params, **embedded}, name)
+    return create_executor({**raw_params, **embedded}, name, shared_as, peers)
 
 
 def _max_open_requests(model_config: dict, params: Params) -> int | None:

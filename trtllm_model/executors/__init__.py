@@ -23,15 +23,18 @@ EXECUTOR_MODULES = {
 }
 
 
-def create_executor(raw_params: dict[str, str], override: str | None = None) -> tuple[Executor, Params]:
-    """Build the executor named by `override` or the `executor` parameter, validating every parameter."""
+def create_executor(raw_params: dict[str, str], override: str | None = None, shared_as: str | None = None,
+                    peers: int = 1) -> tuple[Executor, Params]:
+    """Build the executor named by `override` or the `executor` parameter, validating every parameter. The embedded
+    engine's worker process is shared by the instances given the same `shared_as` and parameters, up to `peers` of
+    them; the other executors ignore both."""
     name = override or Params(raw_params, accepted=raw_params.keys()).str("executor", DEFAULT_EXECUTOR)
     if name not in EXECUTOR_MODULES:
         raise ConfigError(f"parameter executor={name!r}: expected one of {', '.join(sorted(EXECUTOR_MODULES))}")
     module = importlib.import_module(EXECUTOR_MODULES[name])
     params = Params(raw_params, accepted=module.PARAMETERS | CHECK_PARAMETERS)
     bounds = logits_bounds(params)  # before the slow load
-    executor = module.create(params)
+    executor = module.create(params, shared_as, peers) if name == "transformers" else module.create(params)
     apply_logits_bounds(executor, bounds)
     return executor, params
 

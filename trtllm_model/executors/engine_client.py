@@ -4,13 +4,16 @@ vLLM's V1 run their engines the same way).
 
 The stub keeps request checks, the tokenizer and everything Triton; the worker (engine_worker.py, in a fresh
 interpreter with the stub's sys.path) loads the model from the same parameters, runs the `Engine` and compiles
-guides. Transport: two pyzmq PUSH/PULL pairs over ipc:// sockets in a private temporary directory; the messages
-are in engine_wire.py.
+guides. Transport: pyzmq PUSH/PULL over ipc:// sockets in private directories; the messages are in engine_wire.py.
 
-The worker exits when the stub's end of its stdin pipe closes, however the stub went (a pipe works whichever
-thread started the worker; PR_SET_PDEATHSIG would fire when that thread ends). A worker that exits or is killed
-shows as `error` (and `wait_steps` raising), which the poller turns into UNAVAILABLE for every open stream. So does
-a hung worker: once ready it sends at least one message a second (engine_wire.HEARTBEAT_S); none for
+Several stubs share one worker when they are given the same `shared_as` and spec: the instances of one model on one
+device (model.py), each with its own interpreter lock for its `execute()` and its sends, and one engine batching all
+their requests. The first to take the rendezvous lock starts the worker; the others attach to it, up to `peers`
+stubs (the worker refuses more: the instances of a reload start a worker of their own beside the old one).
+
+The worker leaves when every stub has said bye or its process has ended, however it went. A worker that exits or is
+killed shows as `error` (and `wait_steps` raising), which the poller turns into UNAVAILABLE for every open stream.
+So does a hung worker: once ready it sends at least one message a second (engine_wire.HEARTBEAT_S); none for
 `heartbeat_timeout_s` (the process is stopped, or wedged with the GIL held), or with requests in the engine no new
 engine iteration for that long (the engine loop is stuck while the publisher still runs), is `error` too.
 `wait_steps` judges this right after it has read every message waiting, so a stub that did not look for a while
@@ -19,8 +22,14 @@ is not misled by its own absence.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import os
+import select
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,6 +44,7 @@ import zmq
 from ..executor_interface import GenerationRequest, IterationStats, Step
 from . import engine_worker
 from .engine_wire import (
+    CLIENT_ID_SHIFT,
     EngineSpec,
     Progress,
     WorkerInfo,
@@ -46,23 +56,24 @@ from .engine_wire import (
 )
 
 READY_TIMEOUT_S = 900.0  # the first start dequantises SmolLM2 (tens of seconds on a small CPU)
+JOIN_TIMEOUT_S = 10.0  # a running worker answers a hello at once
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0  # config.pbtxt `engine_heartbeat_timeout_s`
 
 
 class EngineProcess:
     """The worker seen from the stub; the same calls as `embedded.engine.Engine` (submit takes the request and its
-    id). `submit`/`cancel` may come from any thread, `wait_steps` from one at a time. Within `submits_together`, the
-    calling thread's submits go as one message when the block ends."""
+    id, from `first_id` on). `submit`/`cancel` may come from any thread, `wait_steps` from one at a time. Within
+    `submits_together`, the calling thread's submits go as one message when the block ends."""
 
-    def __init__(self, spec: EngineSpec, ready_timeout_s: float = READY_TIMEOUT_S,
+    def __init__(self, spec: EngineSpec, shared_as: str | None = None, peers: int = 1,
+                 ready_timeout_s: float = READY_TIMEOUT_S,
                  heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self._dir = tempfile.mkdtemp(prefix="trtllm-engine-")
+        self._dir = tempfile.mkdtemp(prefix="trtllm-stub-")  # this stub's event sockets
         self._context = zmq.Context()
         self._commands = new_socket(self._context, zmq.PUSH)
-        self._events = new_socket(self._context, zmq.PULL)
-        self._commands.bind(f"ipc://{self._dir}/commands")
-        self._events.bind(f"ipc://{self._dir}/events")
+        self._events: zmq.Socket | None = None
+        self._attempts = 0
         self._send_lock = threading.Lock()
         self._receive_lock = threading.Lock()
         self._stats: deque[IterationStats] = deque(maxlen=max(1, spec.stats_max_iterations))
@@ -72,34 +83,94 @@ class EngineProcess:
         self._unsent: list[tuple[int, bytes]] = []  # submits held back (id, encoded request), under _send_lock
         self._holding: int | None = None  # the thread whose submits are held back (submits_together)
         self._queued_seen = (0, 0)  # (queued, submits the worker had seen) in its latest message
+        self.process: subprocess.Popen | None = None  # the worker, when this stub started it
+        self._worker_dir: str | None = None
+        self._pidfd = -1
+        self._registry: str | None = None
+        self.info: WorkerInfo
+        self.number: int  # this stub's number with the worker
+        try:
+            if shared_as is None:
+                self._start(spec, 1, ready_timeout_s)
+            else:
+                with _rendezvous(f"{shared_as}\n{spec!r}") as registry:
+                    self._registry = registry
+                    if not self._join(registry, peers):
+                        self._start(spec, peers, ready_timeout_s)
+                        _write_json(registry, {"dir": self._worker_dir, "pid": self.pid})
+        except BaseException:
+            self.stop(timeout_s=5.0)
+            raise
+        self.first_id = self.number << CLIENT_ID_SHIFT
+        self._heard_at = self._moved_at = time.monotonic()  # heartbeats count from here
+        self._iteration = -1
+        threading.Thread(target=self._watch_exit, name="engine-worker-exit", daemon=True).start()
+
+    def _start(self, spec: EngineSpec, peers: int, timeout_s: float) -> None:
+        """Start a worker and attach to it."""
+        self._worker_dir = tempfile.mkdtemp(prefix="trtllm-engine-", dir=os.path.dirname(self._registry or "")
+                                            or None)
         # The worker gets this interpreter's sys.path once it has started (not PYTHONPATH, which would also steer
         # the interpreter's own start-up imports): it imports what the stub imported, and not from its working
         # directory (which on the GPU host holds the stub's own numpy).
         path = [entry or os.getcwd() for entry in sys.path]
         bootstrap = (f"import sys; sys.path[:] = {path!r}; from {engine_worker.__name__} import main; "
-                     f"main({[self._dir]!r})")
-        self.process = subprocess.Popen([_python(), "-c", bootstrap], stdin=subprocess.PIPE)
-        try:
-            self._send(("spec", spec))
-            self.info = self._wait_ready(ready_timeout_s)
-        except BaseException:
-            self.stop(timeout_s=5.0)
-            raise
-        self._heard_at = self._moved_at = time.monotonic()  # heartbeats count from here
-        self._iteration = -1
-        threading.Thread(target=self._watch_exit, name="engine-worker-exit", daemon=True).start()
+                     f"main({[self._worker_dir]!r})")
+        self.process = subprocess.Popen([_python(), "-c", bootstrap], stdin=subprocess.DEVNULL)
+        self.pid = self.process.pid
+        self._pidfd = os.pidfd_open(self.pid)
+        self._commands.connect(f"ipc://{self._worker_dir}/commands")
+        self._send(("spec", spec))
+        reply = self._hello(peers, timeout_s)
+        if reply is None or reply[0] != "ready":
+            raise RuntimeError(f"engine worker failed to start: {reply[1]}" if reply else
+                               f"engine worker not ready after {timeout_s:.0f} s")
 
-    def _wait_ready(self, timeout_s: float) -> WorkerInfo:
+    def _join(self, registry: str, peers: int) -> bool:
+        """Attach to the worker the registry names, if it runs and takes one more stub."""
+        try:
+            with open(registry) as file:
+                known = json.load(file)
+            pid, directory = int(known["pid"]), str(known["dir"])
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                if directory.encode() not in file.read():  # the pid is another process's now
+                    return False
+            self._pidfd = os.pidfd_open(pid)
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        address = f"ipc://{directory}/commands"
+        self._commands.connect(address)
+        self.pid = pid
+        reply = self._hello(peers, JOIN_TIMEOUT_S)
+        if reply is not None and reply[0] == "ready":
+            return True
+        self._commands.disconnect(address)
+        os.close(self._pidfd)
+        self._pidfd = -1
+        return False
+
+    def _hello(self, peers: int, timeout_s: float) -> tuple | None:
+        """Say hello on a fresh event socket (a late answer to an earlier try cannot reach this one); the worker's
+        answer, or None when it gave none in time or exited."""
+        if self._events is not None:
+            self._events.close()
+        self._attempts += 1
+        self._events = new_socket(self._context, zmq.PULL)
+        address = f"ipc://{self._dir}/events-{self._attempts}"
+        self._events.bind(address)
+        self._send(("hello", os.getpid(), address, peers))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._events.poll(200):
-                message = decode(self._events.recv_multipart(copy=False))
-                if message[0] == "ready":
-                    return message[1]
-                raise RuntimeError(f"engine worker failed to start: {message[1]}")
-            if self.process.poll() is not None:
-                raise RuntimeError(f"engine worker exited while loading ({_exit_reason(self.process.returncode)})")
-        raise RuntimeError(f"engine worker not ready after {timeout_s:.0f} s")
+                reply = decode(self._events.recv_multipart(copy=False))
+                if reply[0] == "ready":
+                    self.info, self.number = reply[1], reply[2]
+                return reply
+            if _ended(self._pidfd):
+                if self.process is not None:
+                    raise RuntimeError(f"engine worker exited while loading ({_exit_reason(self.process.wait())})")
+                return None
+        return None
 
     def _send(self, message: tuple) -> bool:
         """Send to the worker, after any submits held back (a cancel never overtakes its request's submit); False
@@ -213,36 +284,105 @@ class EngineProcess:
     def _watch_exit(self) -> None:
         """Wait for the worker to exit, on a thread of its own: `error` is then a plain read. (Asking the process on
         every enqueue and cancel was a waitpid call, which lets go of the interpreter's lock, twice a request.)"""
-        returncode = self.process.wait()
+        if self.process is not None:
+            reason = _exit_reason(self.process.wait())
+        else:
+            select.select([self._pidfd], [], [])
+            reason = "no exit status: another instance's stub started it"
         if self._error is None and not self._stopped:
-            self._error = f"engine worker exited ({_exit_reason(returncode)})"
+            self._error = f"engine worker exited ({reason})"
 
     @property
     def error(self) -> str | None:
         return self._error
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """Leave the worker; the last stub to leave waits for it to exit (a hung one is killed, for every stub)."""
         if self._stopped:
             return
         hung = self._error is not None and self._error.startswith("engine worker hung")
         self._stopped = True
-        if self.process.poll() is None:
-            try:
-                if hung:  # it would not answer
-                    raise subprocess.TimeoutExpired(self.process.args, 0)
-                self._send(("stop",))
-                self.process.wait(timeout_s)
-            except (subprocess.TimeoutExpired, zmq.ZMQError):
-                self.process.kill()
-                self.process.wait()
-        if self.process.stdin is not None:
-            self.process.stdin.close()
+        if self._pidfd >= 0 and not _ended(self._pidfd):
+            left = None if hung else self._bye(timeout_s)
+            if not left and not self._wait_exit(0 if hung else timeout_s):  # hung: it would not answer
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                self._wait_exit(timeout_s)
+            if left == 0 and self._registry is not None:
+                _forget(self._registry, self.pid)
         with self._receive_lock:
-            self._events.close()
+            if self._events is not None:
+                self._events.close()
         with self._send_lock:
             self._commands.close()
         self._context.term()
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
         shutil.rmtree(self._dir, ignore_errors=True)
+        if self._worker_dir is not None and (self.process is None or self.process.poll() is not None):
+            shutil.rmtree(self._worker_dir, ignore_errors=True)  # the worker removes it, unless it was killed
+
+    def _bye(self, timeout_s: float) -> int | None:
+        """Say bye; the stubs the worker has left, or None when it did not answer in time."""
+        if getattr(self, "number", None) is None or not self._send(("bye", self.number)):
+            return None
+        deadline = time.monotonic() + timeout_s
+        with self._receive_lock:
+            while self._events.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                message = decode(self._events.recv_multipart(copy=False))
+                if message[0] == "gone":
+                    return message[1]
+        return None
+
+    def _wait_exit(self, timeout_s: float) -> bool:
+        if self.process is not None:
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        return bool(select.select([self._pidfd], [], [], timeout_s)[0])
+
+
+@contextmanager
+def _rendezvous(key: str) -> Iterator[str]:
+    """Hold the lock of `key`'s registry, the file that names its worker (pid and directory), and give its path. Both
+    live in a directory only this user can enter: another user cannot name a worker, nor reach its sockets."""
+    base = os.path.join(tempfile.gettempdir(), f"trtllm-engines-{os.getuid()}")
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    info = os.lstat(base)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise RuntimeError(f"{base} is not a directory private to this user: engine workers are not shared there")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    with _locked(os.path.join(base, f"{digest}.lock")):
+        yield os.path.join(base, f"{digest}.worker")
+
+
+@contextmanager
+def _locked(path: str) -> Iterator[None]:
+    with open(path, "a") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)  # closing the file lets go
+        yield
+
+
+def _write_json(path: str, value: dict) -> None:
+    with open(f"{path}.new", "w") as file:
+        json.dump(value, file)
+    os.replace(f"{path}.new", path)
+
+
+def _forget(registry: str, pid: int) -> None:
+    """Remove the registry once its worker has no stub left, unless it names a newer worker already."""
+    with _locked(registry.removesuffix(".worker") + ".lock"):
+        try:
+            with open(registry) as file:
+                if json.load(file).get("pid") == pid:
+                    os.remove(registry)
+        except (OSError, ValueError):
+            pass
+
+
+def _ended(pidfd: int) -> bool:
+    return pidfd < 0 or bool(select.select([pidfd], [], [], 0)[0])
 
 
 def _python() -> str:

@@ -1,12 +1,21 @@
-"""The messages between the stub and its engine worker (engine_client.py, engine_worker.py), and their encoding.
+"""The messages between the stubs and their engine worker (engine_client.py, engine_worker.py), and their encoding.
 
-  stub -> worker   ("spec", EngineSpec) once, then ("submits", [(id, encoded GenerationRequest), ...]), ("cancel", id),
-                   ("stop",): one submits message carries the requests of one `execute()` batch, or one request; the
-                   worker decodes each request apart, so that one it cannot decode fails alone
-  worker -> stub   ("ready", WorkerInfo) or ("failed", message) once, then ("steps", PackedSteps, stats, Progress):
-                   every step and iteration stat the engine published since the previous message, one message per
-                   wake-up, and at least one every HEARTBEAT_S even when idle (the heartbeat); ("dead", message) when
-                   the engine stops on a failure.
+The worker binds one command socket; each stub binds its own event socket and says hello. Several stubs (instances
+of one model on one device) may share one worker: each has a number, and its request ids carry it in their high bits
+(`CLIENT_ID_SHIFT`), so the worker sends each stub the steps of its own requests.
+
+  stub -> worker   ("spec", EngineSpec) once, from the stub that starts the worker; ("hello", pid, events address,
+                   capacity) from every stub (the starting one right after the spec); then ("submits", [(id, encoded
+                   GenerationRequest), ...]), ("cancel", id), ("bye", number): one submits message carries the requests
+                   of one `execute()` batch, or one request; the worker decodes each request apart, so that one it
+                   cannot decode fails alone
+  worker -> stub   to a hello: ("ready", WorkerInfo, number), ("failed", message) when the model did not load, or
+                   ("full",) when `capacity` stubs are attached already (the stubs of a reload get a worker of their
+                   own); then ("steps", PackedSteps, stats, Progress): the steps of this stub's requests and (to one
+                   stub only, so that they are counted once) the iteration stats since the previous message, one
+                   message per wake-up, and at least one every HEARTBEAT_S even when idle (the heartbeat); ("dead",
+                   message) when the engine stops on a failure; ("gone", stubs left) to a bye. The worker stops once no
+                   stub is left (a stub whose process ended has left, and its requests are cancelled).
 
 A message is a pickle (protocol 5) of plain tuples and dataclasses sent as one zmq multipart message. A batch of
 steps travels as columns (`PackedSteps`: a few plain lists, which pickle packs in C, whatever the number of requests)
@@ -26,6 +35,7 @@ import zmq
 from ..executor_interface import FinishReason, GenerationRequest, IterationStats, Step
 
 HEARTBEAT_S = 1.0  # the worker sends at least one message this often once ready
+CLIENT_ID_SHIFT = 40  # a stub's request ids are its number << CLIENT_ID_SHIFT plus its own count
 OUT_OF_BAND_BYTES = 64 * 1024
 
 
@@ -73,7 +83,7 @@ class Progress:
     iteration: int  # engine iterations done: the stub's evidence that a busy engine moves
     busy: bool  # requests wait, prefill or decode in the worker
     queued: int  # requests waiting for admission (guides compiling included)
-    submits_seen: int  # submits the worker had received when it sent this
+    submits_seen: int  # submits of this stub the worker had received when it sent this
 
 
 # -- a batch of steps, columnar -------------------------------------------------------------------------------------

@@ -1,14 +1,15 @@
-"""The engine worker process: loads the model as the stub's EngineSpec says, runs the `Engine`, and serves the stub's
-commands (engine_wire.py has the messages; engine_client.py is the stub's side).
+"""The engine worker process: loads the model as the first stub's EngineSpec says, runs the `Engine`, and serves the
+commands of every stub attached to it (engine_wire.py has the messages; engine_client.py is the stubs' side).
 
-The engine's own thread sends its steps (with the iteration stats so far) as it makes them: a second thread waking
-for them would take the interpreter's lock from the engine every iteration. Beside it: the command loop (submits,
-cancels, stop; never waits on anything slow), the heartbeat (a message every HEARTBEAT_S with the engine's iteration
-counter, and the engine's failure as soon as it fails), and the guide compiler's pool and deadline thread: a guided
-request waits there, off the command loop, at most guide_compile_timeout_s for its guide (compiled once, here only;
-the stub checks the guide's limits but does not compile it), then joins the engine or ends with an INVALID_ARG error
-step. xgrammar releases the GIL while it compiles, so the other threads run meanwhile (they still share the CPU with
-it).
+The engine's own thread sends its steps (with the iteration stats so far) as it makes them, each stub its own: a
+second thread waking for them would take the interpreter's lock from the engine every iteration. Beside it: the
+command loop (submits, cancels, stubs coming and going; never waits on anything slow), the heartbeat (a message
+every HEARTBEAT_S with the engine's iteration counter, and the engine's failure as soon as it fails), the watch on the
+stubs' processes (one that ends leaves, its requests cancelled; the worker stops when none is left, however they
+went), and the guide compiler's pool and deadline thread: a guided request waits there, off the command loop, at
+most guide_compile_timeout_s for its guide (compiled once, here only; the stub checks the guide's limits but does not
+compile it), then joins the engine or ends with an INVALID_ARG error step. xgrammar releases the GIL while it
+compiles, so the other threads run meanwhile (they still share the CPU with it).
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
+import select
+import shutil
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from ..executor_interface import FinishReason, Step
 from .engine_wire import (
+    CLIENT_ID_SHIFT,
     HEARTBEAT_S,
     EngineSpec,
     Progress,
@@ -38,16 +42,32 @@ from .engine_wire import (
 
 log = logging.getLogger(__name__)
 
+WATCH_S = 0.2  # how often the stubs' processes are looked at
+START_TIMEOUT_S = 60.0
+
+
+@dataclass(slots=True, eq=False)
+class _Stub:
+    """An attached stub: where its steps go, its process (a pidfd) and its requests still open."""
+
+    number: int
+    events: zmq.Socket
+    pidfd: int
+    submits_seen: int = 0
+    open: set[int] = field(default_factory=set)
+
 
 class _Worker:
     def __init__(self, directory: str) -> None:
+        self.directory = directory
         self._context = zmq.Context()
         self._commands = new_socket(self._context, zmq.PULL)
-        self._events = new_socket(self._context, zmq.PUSH)
-        self._commands.connect(f"ipc://{directory}/commands")
-        self._events.connect(f"ipc://{directory}/events")
+        self._commands.bind(f"ipc://{directory}/commands")
+        # Guards the stubs and their sockets: the engine's thread, the heartbeat, the command loop and the guide
+        # compiler's threads all send.
         self._send_lock = threading.Lock()
-        self._submits_seen = 0
+        self._stubs: dict[int, _Stub] = {}
+        self._numbers = 0
         self._stopping = threading.Event()
         self._guides = None  # GuideCompiler, made on the first guided request
         # Guided requests whose guide is compiling, by id; the lock also orders their submit against a cancel.
@@ -55,62 +75,161 @@ class _Worker:
         self._admission_lock = threading.Lock()
         self.engine = None
 
-    def send(self, message: tuple) -> None:
-        with self._send_lock:
-            self._events.send_multipart(encode(message), copy=False)
-
-    def receive(self) -> tuple:
+    def receive(self, timeout_s: float | None = None) -> tuple:
+        if timeout_s is not None and not self._commands.poll(int(timeout_s * 1000)):
+            raise TimeoutError("no command")
         return decode(self._commands.recv_multipart(copy=False))
 
     def run(self) -> None:
-        kind, spec = self.receive()
+        # The starting stub sends these at once; a worker whose stub died before that does not wait for ever.
+        kind, spec = self.receive(START_TIMEOUT_S)
         assert kind == "spec", kind
         self.spec = spec
+        hello = self.receive(START_TIMEOUT_S)
+        assert hello[0] == "hello", hello[0]
+        first = self._attach(*hello[1:])
         try:
             self.engine, info, self._tokenizer = build_engine(spec, self.send_steps)
         except Exception as exc:  # noqa: BLE001 - the stub reports it as the load failure
             log.exception("engine worker failed to load")
-            self.send(("failed", f"{type(exc).__name__}: {exc}"))
+            first.events.send_multipart(encode(("failed", f"{type(exc).__name__}: {exc}")), copy=False)
             return
         self.info = info
-        self.send(("ready", info))
+        self._send_to(first, ("ready", info, first.number))
         heartbeat = threading.Thread(target=self._send_heartbeats, name="engine-heartbeat", daemon=True)
         heartbeat.start()
+        threading.Thread(target=self._watch_stubs, name="stub-watch", daemon=True).start()
         while self._handle(self.receive()):
             pass
         self._stopping.set()
         self.engine.stop()
         heartbeat.join(5.0)
 
+    def _attach(self, pid: int, address: str, capacity: int) -> _Stub:
+        """A stub that said hello (on the command loop): its number and its event socket."""
+        events = new_socket(self._context, zmq.PUSH)
+        events.connect(address)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # it is gone already: watched as gone
+            pidfd = -1
+        with self._send_lock:
+            self._numbers += 1
+            stub = self._stubs[self._numbers] = _Stub(self._numbers, events, pidfd)
+        log.info("stub %d (pid %d) attached; %d of %d", stub.number, pid, len(self._stubs), capacity)
+        return stub
+
+    def _detach(self, number: int, answer: bool) -> int:
+        """The stub leaves (a bye, answered; or its process ended): its open requests are cancelled; the stubs
+        left."""
+        with self._send_lock:
+            stub = self._stubs.pop(number, None)
+            left = len(self._stubs)
+        if stub is None:
+            return left
+        for request_id in list(stub.open):
+            self._cancel(request_id)
+        if answer:
+            stub.events.send_multipart(encode(("gone", left)), copy=False)
+        stub.events.close(linger=1000 if answer else 0)
+        if stub.pidfd >= 0:
+            os.close(stub.pidfd)
+        log.info("stub %d left; %d attached", number, left)
+        return left
+
+    def _send_to(self, stub: _Stub, message: tuple) -> None:
+        with self._send_lock:
+            stub.events.send_multipart(encode(message), copy=False)
+
+    def _send_all(self, message: tuple) -> None:
+        with self._send_lock:
+            for stub in self._stubs.values():
+                stub.events.send_multipart(encode(message), copy=False)
+
     def send_steps(self, steps: list[Step]) -> None:
-        """Steps (none: the heartbeat) with the iteration stats since the last message and the engine's progress;
-        from the engine's thread, the heartbeat's and the command loop's."""
+        """Each stub its steps (none: the heartbeat), the iteration stats since the last message (to the first stub)
+        and the engine's progress; from the engine's thread, the heartbeat's, the command loop's and the guide
+        compiler's."""
         engine = self.engine
         queued = engine.queued()
         work = queued > 0 or bool(engine.running) or bool(engine.scheduler.prefilling)
         # Before the first iteration the engine may still be capturing CUDA graphs: not judged as stalled then.
-        progress = Progress(engine.iteration, work and engine.iteration > 0, queued + len(self._compiling),
-                            self._submits_seen)
-        self.send(("steps", pack_steps(steps), engine.take_stats(), progress))
+        busy, iteration, waiting = work and engine.iteration > 0, engine.iteration, queued + len(self._compiling)
+        with self._send_lock:
+            stubs = self._stubs
+            if not stubs:
+                return
+            if len(stubs) == 1:
+                (only,) = stubs.values()
+                parts = {only.number: steps}
+            else:
+                parts = {number: [] for number in stubs}
+                for step in steps:
+                    part = parts.get(step.request_id >> CLIENT_ID_SHIFT)
+                    if part is not None:  # else its stub has left
+                        part.append(step)
+            stats = engine.take_stats()
+            for stub in stubs.values():
+                own = parts[stub.number]
+                for step in own:
+                    if step.is_final:
+                        stub.open.discard(step.request_id)
+                progress = Progress(iteration, busy, waiting, stub.submits_seen)
+                stub.events.send_multipart(encode(("steps", pack_steps(own), stats, progress)), copy=False)
+                stats = []
 
     def _handle(self, command: tuple) -> bool:
-        """Carry out one command as it arrives; False at a stop. Each request of a submits message reaches the engine
-        as soon as it is decoded, so it can prefill a burst's first requests while the rest arrive. Taking the queued
-        commands of a burst together (569745b, reverted) gave 0.88-0.90x the tokens/s at 256 streams on an H200
-        (docs/performance.md, "The embedded engine on an H200 today")."""
-        if command[0] == "submits":
+        """Carry out one command as it arrives; False once no stub is left. Each request of a submits message reaches
+        the engine as soon as it is decoded, so it can prefill a burst's first requests while the rest arrive.
+        Taking the queued commands of a burst together (569745b, reverted) gave 0.88-0.90x the tokens/s at 256
+        streams on an H200 (docs/performance.md, "The embedded engine on an H200 today")."""
+        kind = command[0]
+        if kind == "submits":
             for request_id, encoded in command[1]:
                 self._submit(request_id, encoded)
-        elif command[0] == "cancel":
+        elif kind == "cancel":
             self._cancel(command[1])
-        elif command[0] == "stop":
-            return False
+        elif kind == "hello":
+            self._hello(*command[1:])
+        elif kind in ("bye", "left"):
+            return self._detach(command[1], answer=kind == "bye") > 0
         return True
+
+    def _hello(self, pid: int, address: str, capacity: int) -> None:
+        if len(self._stubs) >= capacity:  # a reload's stubs, beside the ones still serving: a worker of their own
+            refused = new_socket(self._context, zmq.PUSH)
+            refused.connect(address)
+            refused.send_multipart(encode(("full",)), copy=False)
+            refused.close(linger=1000)
+            return
+        stub = self._attach(pid, address, capacity)
+        self._send_to(stub, ("ready", self.info, stub.number))
+
+    def _watch_stubs(self) -> None:
+        """A stub whose process ended leaves through the command loop, as a bye does (its events socket stays open,
+        unanswered); the loop ends when the last one goes."""
+        tell = new_socket(self._context, zmq.PUSH)
+        tell.connect(f"ipc://{self.directory}/commands")
+        while not self._stopping.is_set():
+            with self._send_lock:
+                watched = {stub.pidfd: stub.number for stub in self._stubs.values()}
+            gone = [number for fd, number in watched.items() if fd < 0]
+            ready, _, _ = select.select([fd for fd in watched if fd >= 0], [], [], WATCH_S)
+            for number in gone + [watched[fd] for fd in ready]:
+                log.info("stub %d ended: leaving", number)
+                tell.send_multipart(encode(("left", number)), copy=False)
+            if gone or ready:
+                self._stopping.wait(WATCH_S)  # the command loop takes it out meanwhile
+        tell.close()
 
     def _submit(self, request_id: int, encoded: bytes) -> None:
         from ..embedded.sequence import Sequence
 
-        self._submits_seen += 1
+        stub = self._stubs.get(request_id >> CLIENT_ID_SHIFT)
+        if stub is None:  # its stub left after sending it
+            return
+        stub.submits_seen += 1
+        stub.open.add(request_id)
         try:
             request = decode_request(encoded)
             sequence = Sequence.from_request(request_id, request, self.info.vocab_size, self.info.generation_eos_id)
@@ -183,7 +302,7 @@ class _Worker:
             try:
                 self.engine.wait_steps(HEARTBEAT_S)  # none (the engine sends its own): returns early if it fails
             except EngineDead as exc:
-                self.send(("dead", str(exc)))
+                self._send_all(("dead", str(exc)))
                 return
             if self._stopping.is_set():
                 return
@@ -229,9 +348,11 @@ def build_engine(spec: EngineSpec, send_steps: Callable[[list[Step]], None]):
 
 
 def main(argv: list[str]) -> None:
+    """Serve in `argv[0]`, a directory of the stub that started it, removed when the worker ends."""
     logging.basicConfig(level=logging.INFO, format="engine worker %(process)d: %(levelname)s %(message)s")
-    # The stub holds the write end of stdin; end of file means it is gone.
-    threading.Thread(target=lambda: (sys.stdin.buffer.read(), os._exit(0)), name="parent-watch", daemon=True).start()
-    _Worker(argv[0]).run()
-    logging.shutdown()
-    os._exit(0)  # not a normal exit: the parent-watch thread is blocked reading stdin
+    try:
+        _Worker(argv[0]).run()
+    finally:
+        shutil.rmtree(argv[0], ignore_errors=True)
+        logging.shutdown()
+        os._exit(0)  # not a normal exit: daemon threads may be inside the engine or a socket

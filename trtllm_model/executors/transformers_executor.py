@@ -14,7 +14,9 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    processes do not keep busy, measured every second (embedded/cpu_share.py), at least one
   engine_process   true: the engine runs in a worker process of its own (executors/engine_client.py), the stub
                    keeps request checks, tokenizer and sends; false: on a thread of the stub. Default: true on
-                   CUDA, false on CPU (measured in docs/performance.md)
+                   CUDA, false on CPU (measured in docs/performance.md). The instances of instance_group that run
+                   on one device share one worker: one engine batches the requests of all of them, while each
+                   instance's stub parses and sends under its own interpreter lock
   engine_heartbeat_timeout_s  with engine_process: the worker is declared hung (every open stream UNAVAILABLE, the
                    model not ready) when it sends nothing, or with requests in the engine makes no engine iteration,
                    for this long (default 30, at least 2; it sends a heartbeat every second)
@@ -173,10 +175,13 @@ class TransformersExecutor(Executor):
         max_output_len: int | None = None,
         max_queue_size: int | None = None,
         heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+        shared_as: str | None = None,
+        peers: int = 1,
     ) -> TransformersExecutor:
         """The engine in a worker process (engine_client.py) that loads the model as `spec` says and compiles
-        guides; the tokenizer and the request checks stay here."""
-        worker = EngineProcess(spec, heartbeat_timeout_s=heartbeat_timeout_s)
+        guides, shared with up to `peers` stubs given the same `shared_as` and spec; the tokenizer and the request
+        checks stay here."""
+        worker = EngineProcess(spec, shared_as, peers, heartbeat_timeout_s=heartbeat_timeout_s)
         try:
             info = worker.info
             # After the worker is ready: it has made the dequantised SmolLM2 copy the tokenizer is read from.
@@ -186,6 +191,7 @@ class TransformersExecutor(Executor):
             executor._start(worker, tokenizer, info.vocab_size, info.max_positions,
                             KvBudget(info.kv_cache_memory_bytes, info.kv_bytes_per_token), info.generation_eos_id,
                             spec.max_batch_size, spec.max_num_tokens, max_input_len, max_output_len, max_queue_size)
+            executor._ids = itertools.count(worker.first_id + 1)  # this stub's own range of the worker's ids
         except BaseException:
             worker.stop()
             raise
@@ -334,8 +340,10 @@ def _end_id_of(model: torch.nn.Module, tokenizer: Tokenizer | None) -> int | Non
     return end_id
 
 
-def create(params: Params) -> Executor:
-    """Build the executor from config.pbtxt parameters (loads the model; tens of seconds on first use)."""
+def create(params: Params, shared_as: str | None = None, peers: int = 1) -> Executor:
+    """Build the executor from config.pbtxt parameters (loads the model; tens of seconds on first use). With
+    `engine_process`, up to `peers` instances given the same `shared_as` (model.py: the model's instances in one
+    server) and the same parameters share one worker."""
     device = params.str("device", "cpu")
     if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
         raise ConfigError(f"parameter device={device!r}: expected cpu, cuda or cuda:N")
@@ -374,9 +382,11 @@ def create(params: Params) -> Executor:
             max_output_len=params.int("max_output_len", None, minimum=1),
             max_queue_size=params.int("max_queue_size", None, minimum=1),
             heartbeat_timeout_s=params.float("engine_heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S, minimum=2.0),
+            shared_as=shared_as,
+            peers=peers,
         )
-        log.info("transformers executor: %s on %s (%s) in engine worker %d", executor.engine.info.source, device,
-                 dtype, executor.engine.info.pid)
+        log.info("transformers executor: %s on %s (%s) in engine worker %d, as its stub %d",
+                 executor.engine.info.source, device, dtype, executor.engine.info.pid, executor.engine.number)
         return _with_guide_limits(executor, guide_limits)
     if threads is not None:
         torch.set_num_threads(threads)

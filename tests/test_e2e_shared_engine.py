@@ -1,0 +1,90 @@
+"""End to end: two instances of `tensorrt_llm` (instance_group count 2) with the embedded engine in its worker process
+share one worker behind a real tritonserver. Both serve, the same prompt gets the same greedy tokens whichever
+instance took it, and when the worker is killed every open stream of both instances ends with one UNAVAILABLE final
+and the model reports not ready; the worker never outlives the server."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from conftest import start_server
+from prometheus_text import scrape
+from test_e2e_engine_process import engine_workers
+from test_e2e_multi_instance import INSTANCES, ONE_INSTANCE, TWO_INSTANCES
+from triton_client import StreamClient, model_error, stream_once, token_inputs
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = ([1, 504, 3575], [1, 9690, 28, 253])
+
+
+def _per_instance(server, name: str, **labels: str) -> dict[str, float]:
+    found = scrape(server.metrics_url).find(name, model="tensorrt_llm", **labels)
+    return {dict(key).get("model_instance"): value for key, value in found.items()}
+
+
+def test_two_instances_share_one_engine_worker_both_serve_and_its_death_ends_every_stream_of_both(tmp_path):
+    server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "8", "engine_process": "true"},
+                          config_edits={ONE_INSTANCE: TWO_INSTANCES}, new_session=True)
+    try:
+        (worker,) = engine_workers(server)
+        attached = re.findall(r"stub (\d) \(pid \d+\) attached; (\d) of 2", server.log())
+        assert sorted(attached) == [("1", "1"), ("2", "2")], server.log()[-3000:]
+
+        # Short requests from 8 threads: Triton hands them to whichever instance is free.
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(
+                lambda i: stream_once(server.grpc_url, "tensorrt_llm", token_inputs(PROMPTS[i % 2], 6), timeout_s=120),
+                range(24)))
+        assert all(r.finals == 1 and not r.errors and len(r.tokens()) == 6 for r in results), \
+            [r.errors for r in results]
+        for first in (0, 1):
+            assert len({tuple(r.tokens()) for r in results[first::2]}) == 1, [r.tokens() for r in results]
+        counts = _per_instance(server, "nv_llm_requests_finished_total", finish_reason="length")
+        assert set(counts) == INSTANCES and sum(counts.values()) == 24, counts
+        assert all(count > 0 for count in counts.values()), f"one instance served nothing: {counts}"
+
+        # Long streams on both instances, then the shared worker dies.
+        client = StreamClient(server.grpc_url)
+        streams = [client.send("tensorrt_llm", token_inputs([1, 504, 3575 + i], 4000, min_tokens=(4000, np.int32)),
+                               f"t{i}") for i in range(6)]
+        deadline = time.monotonic() + 120
+        while not all(_per_instance(server, "nv_llm_open_requests").get(name, 0) > 0 for name in INSTANCES):
+            assert time.monotonic() < deadline, _per_instance(server, "nv_llm_open_requests")
+            time.sleep(0.2)
+        while not all(stream.responses for stream in streams):
+            assert time.monotonic() < deadline, "the streams never started"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        for stream in streams:
+            assert stream.done.wait(max(0.0, killed_at + 5.0 - time.monotonic())), "a stream was left hanging"
+            assert stream.finals == 1 and len(stream.errors) == 1, stream.errors
+            assert model_error(stream.errors[0]).startswith("UNAVAILABLE"), stream.errors
+            assert "engine worker exited" in stream.errors[0], stream.errors
+        grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+        deadline = time.monotonic() + 10
+        while grpc_client.is_model_ready("tensorrt_llm"):
+            assert time.monotonic() < deadline, "the model still reports ready with a dead engine worker"
+            time.sleep(0.1)
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_the_shared_worker_ends_with_the_server(tmp_path):
+    server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "4", "engine_process": "true"},
+                          config_edits={ONE_INSTANCE: TWO_INSTANCES}, new_session=True)
+    try:
+        (worker,) = engine_workers(server)
+        result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs(PROMPTS[0], 4), timeout_s=120)
+        assert result.errors == [] and len(result.tokens()) == 4
+    finally:
+        server.stop()
+    worker.wait(10)  # raises psutil.TimeoutExpired while the worker outlives the server
