@@ -1,9 +1,11 @@
 """On CUDA only (skipped elsewhere): two instances of the transformers executor on the same GPU (instance_group
-count 2, NVIDIA's gpu_device_ids "0;0") start, both serve, and a stop ends every stream of both with one final
-response each. The 2-GPU form ("0;1") is the same test on a host with two GPUs (docs/performance.md)."""
+count 2, NVIDIA's gpu_device_ids "0;0") start sharing one engine worker, both serve, and a stop ends every stream of
+both with one final response each. The 2-GPU form ("0;1", a worker each) is the same test on a host with two GPUs
+(docs/performance.md)."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -25,12 +27,12 @@ def _per_instance(server, name: str) -> dict[str, float]:
 
 
 def test_two_instances_on_one_gpu_both_serve_and_a_stop_ends_every_stream(tmp_path):
-    # 1 GiB of KV cache each: the default (0.9 of the free memory) would leave the second instance little.
-    server = start_server(tmp_path, executor="transformers", new_session=True,
-                          parameters={"gpu_device_ids": "0;0", "kv_cache_memory_bytes": str(1 << 30)},
+    server = start_server(tmp_path, executor="transformers", new_session=True, parameters={"gpu_device_ids": "0;0"},
                           config_edits={ONE_INSTANCE: TWO_INSTANCES})
     client = StreamClient(server.grpc_url)
     try:
+        attached = re.findall(r"stub (\d) \(pid \d+\) attached; (\d) of 2", server.log())
+        assert sorted(attached) == [("1", "1"), ("2", "2")], server.log()[-3000:]  # one worker for both
         streams = [client.send("tensorrt_llm", token_inputs([1, 2, 3 + i], 4000), f"t-{i}")
                    for i in range(STREAMS)]
         deadline = time.monotonic() + 120

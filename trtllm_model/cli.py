@@ -216,10 +216,12 @@ def unload_models(host: str, http_port: int, key: str, settle_s: float = 5.0) ->
         pass  # the server is already going away: nothing left to do gracefully
 
 
-def repository_copy(repository: Path, decoupled: bool | None, parameters: dict[str, str]) -> Path:
+def repository_copy(repository: Path, decoupled: bool | None, parameters: dict[str, str],
+                    instances: int | None = None) -> Path:
     """A copy of the repository (in a temporary directory) with every model set to the transaction policy (None: as
-    they are) and `tensorrt_llm`'s `parameters` set (configure.set_model_parameters)."""
-    from .configure import set_decoupled, set_model_parameters
+    they are), `tensorrt_llm`'s `parameters` set (configure.set_model_parameters) and its instance count (None: as
+    it is)."""
+    from .configure import MODEL_NAME, set_decoupled, set_model_parameters, with_instances
 
     copy = Path(tempfile.mkdtemp(prefix="trtllm-triton-repository-")) / repository.name
     shutil.copytree(repository, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -230,6 +232,10 @@ def repository_copy(repository: Path, decoupled: bool | None, parameters: dict[s
     if parameters:
         set_model_parameters(copy, parameters)
         changes += [f"{key}={value}" for key, value in parameters.items()]
+    if instances is not None:
+        config = copy / MODEL_NAME / "config.pbtxt"
+        config.write_text(with_instances(config.read_text(), instances, None))
+        changes.append(f"{instances} instance(s) of {MODEL_NAME}")
     print(f"trtllm-triton: serving {copy} (a copy of {repository} with {', '.join(changes)})")
     return copy
 
@@ -264,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="set a parameter of tensorrt_llm in a copy of the repository (config.pbtxt; model.yaml in "
                           "the LLM API layout), e.g. --set max_batch_size=8 --set kv_cache_memory_bytes=268435456; "
                           "repeatable")
+    run.add_argument("--instances", type=int, metavar="N",
+                     help="instances of tensorrt_llm (instance_group count) in a copy of the repository; on a GPU the "
+                          "embedded engine's instances share one engine worker, and 4 stream best (docs/deploy.md)")
     run.add_argument("--log-verbose", type=int, default=0)
     run.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     run.add_argument("--openai-port", type=int, default=9000, help="port of the OpenAI-compatible API (on --host)")
@@ -304,14 +313,14 @@ def main(argv: list[str] | None = None) -> int:
                    args.model_repository, not args.no_access_log)
         return 0
     repository = (args.model_repository or (LLMAPI_REPOSITORY if args.layout == "llmapi" else DEFAULT_REPOSITORY)).resolve()
-    if args.decoupled is not None or args.assignments:
+    if args.decoupled is not None or args.assignments or args.instances is not None:
         from .configure import parse_assignments
         from .params import ConfigError
 
         try:
             parameters = parse_assignments(args.assignments)
             decoupled = None if args.decoupled is None else args.decoupled == "true"
-            repository = repository_copy(repository, decoupled, parameters)
+            repository = repository_copy(repository, decoupled, parameters, args.instances)
         except ConfigError as exc:
             parser.error(str(exc))
     try:
