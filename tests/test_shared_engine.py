@@ -1,8 +1,8 @@
 """Several stubs sharing one engine worker (executors/engine_client.py `shared_as`, the instances of one model on one
 device): they attach to one process up to `peers`, each gets the steps of its own requests only and the same greedy
-tokens as alone, the iteration stats reach one of them, a stub beyond `peers` gets a worker of its own, a stub that
-leaves (bye, or its process killed) has its requests cancelled while the others go on, and the worker exits when the
-last one leaves."""
+tokens as alone, the iteration stats reach one of them, a stub beyond `peers` (in the worker's life) gets a worker of
+its own, a stub that leaves (bye, or its process killed) has its requests cancelled while the others go on, and the
+worker exits when the last one leaves."""
 
 from __future__ import annotations
 
@@ -142,6 +142,10 @@ def test_a_killed_stubs_requests_are_cancelled_the_others_go_on_and_the_last_bye
         mine.cancel(request_id)
         assert collect(mine, [request_id])[request_id][-1].finish_reason is FinishReason.CANCELLED
         assert not exited(worker_pid, 0.5)
+        # The killed stub's place is not taken: a new stub (as a reload's) gets a worker of its own.
+        newcomer = shared_executor(key, peers=2)
+        assert newcomer.engine.process is not None and newcomer.engine.info.pid != worker_pid
+        newcomer.shutdown()
         mine.shutdown()
         assert exited(worker_pid, 10), "the worker outlived its last stub"
     finally:

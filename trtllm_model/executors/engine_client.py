@@ -9,7 +9,8 @@ guides. Transport: pyzmq PUSH/PULL over ipc:// sockets in private directories; t
 Several stubs share one worker when they are given the same `shared_as` and spec: the instances of one model on one
 device (model.py), each with its own interpreter lock for its `execute()` and its sends, and one engine batching all
 their requests. The first to take the rendezvous lock starts the worker; the others attach to it, up to `peers`
-stubs (the worker refuses more: the instances of a reload start a worker of their own beside the old one).
+stubs in the worker's life (it refuses more: the instances of a reload start a worker of their own beside the old
+one, even after an old instance's stub died).
 
 The worker leaves when every stub has said bye or its process has ended, however it went. A worker that exits or is
 killed shows as `error` (and `wait_steps` raising), which the poller turns into UNAVAILABLE for every open stream.

@@ -10,8 +10,8 @@ of one model on one device) may share one worker: each has a number, and its req
                    of one `execute()` batch, or one request; the worker decodes each request apart, so that one it
                    cannot decode fails alone
   worker -> stub   to a hello: ("ready", WorkerInfo, number), ("failed", message) when the model did not load, or
-                   ("full",) when `capacity` stubs are attached already (the stubs of a reload get a worker of their
-                   own); then ("steps", PackedSteps, stats, Progress): the steps of this stub's requests and (to one
+                   ("full",) once `capacity` stubs have attached in its life (the stubs of a reload get a worker of
+                   their own); then ("steps", PackedSteps, stats, Progress): the steps of this stub's requests and (to one
                    stub only, so that they are counted once) the iteration stats since the previous message, one
                    message per wake-up, and at least one every HEARTBEAT_S even when idle (the heartbeat); ("dead",
                    message) when the engine stops on a failure; ("gone", stubs left) to a bye. The worker stops once no

@@ -196,7 +196,9 @@ class _Worker:
         return True
 
     def _hello(self, pid: int, address: str, capacity: int) -> None:
-        if len(self._stubs) >= capacity:  # a reload's stubs, beside the ones still serving: a worker of their own
+        # Up to `capacity` stubs in the worker's life: a reload's stubs, arriving while the old ones still serve (or
+        # after one of them died: Triton 2.51 does not restart a stub), get a worker of their own.
+        if self._numbers >= capacity:
             refused = new_socket(self._context, zmq.PUSH)
             refused.connect(address)
             refused.send_multipart(encode(("full",)), copy=False)
