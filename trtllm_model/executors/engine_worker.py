@@ -159,9 +159,8 @@ class _Worker:
             stubs = self._stubs
             if not stubs:
                 return
-            if len(stubs) == 1:
-                (only,) = stubs.values()
-                parts = {only.number: steps}
+            if self._numbers == 1:  # the one stub there ever was: every step is its own
+                parts = {1: steps}
             else:
                 parts = {number: [] for number in stubs}
                 for step in steps:
@@ -216,7 +215,10 @@ class _Worker:
             with self._send_lock:
                 watched = {stub.pidfd: stub.number for stub in self._stubs.values()}
             gone = [number for fd, number in watched.items() if fd < 0]
-            ready, _, _ = select.select([fd for fd in watched if fd >= 0], [], [], WATCH_S)
+            try:
+                ready, _, _ = select.select([fd for fd in watched if fd >= 0], [], [], WATCH_S)
+            except OSError:  # a pidfd closed by a bye meanwhile: look again
+                continue
             for number in gone + [watched[fd] for fd in ready]:
                 log.info("stub %d ended: leaving", number)
                 tell.send_multipart(encode(("left", number)), copy=False)
@@ -352,9 +354,13 @@ def build_engine(spec: EngineSpec, send_steps: Callable[[list[Step]], None]):
 def main(argv: list[str]) -> None:
     """Serve in `argv[0]`, a directory of the stub that started it, removed when the worker ends."""
     logging.basicConfig(level=logging.INFO, format="engine worker %(process)d: %(levelname)s %(message)s")
+    code = 0
     try:
         _Worker(argv[0]).run()
+    except BaseException:
+        log.exception("engine worker failed")
+        code = 1
     finally:
         shutil.rmtree(argv[0], ignore_errors=True)
         logging.shutdown()
-        os._exit(0)  # not a normal exit: daemon threads may be inside the engine or a socket
+        os._exit(code)  # not a normal exit: daemon threads may be inside the engine or a socket
