@@ -288,7 +288,10 @@ class EngineProcess:
         if self.process is not None:
             reason = _exit_reason(self.process.wait())
         else:
-            select.select([self._pidfd], [], [])
+            try:
+                select.select([self._pidfd], [], [])
+            except OSError:  # `stop` closed the pidfd: this stub has left
+                return
             reason = "no exit status: another instance's stub started it"
         if self._error is None and not self._stopped:
             self._error = f"engine worker exited ({reason})"
