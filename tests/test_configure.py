@@ -211,3 +211,21 @@ def test_configured_repository_serves_nvidias_five_models(tmp_path):
         assert manual.reshape(-1).tolist() == ensemble.reshape(-1).tolist() == bls.reshape(-1).tolist()
     finally:
         server.stop()
+
+
+def test_serve_instances_writes_the_count_into_a_copy_and_refuses_less_than_one(tmp_path):
+    """`trtllm-triton serve --instances N` (cli.repository_copy): the copy's tensorrt_llm has count N, the repository
+    itself is untouched; 0 is a ConfigError (serve reports it as a usage error)."""
+    from trtllm_model.cli import repository_copy
+    from trtllm_model.configure import ConfigError
+    from trtllm_model.server import DEFAULT_REPOSITORY
+
+    original = (DEFAULT_REPOSITORY / "tensorrt_llm" / "config.pbtxt").read_text()
+    copy = repository_copy(DEFAULT_REPOSITORY, None, {}, 3)
+    try:
+        assert "instance_group [ { count: 3, kind: KIND_CPU } ]" in (copy / "tensorrt_llm" / "config.pbtxt").read_text()
+        assert (DEFAULT_REPOSITORY / "tensorrt_llm" / "config.pbtxt").read_text() == original
+    finally:
+        shutil.rmtree(copy.parent)
+    with pytest.raises(ConfigError, match="--instances 0: must be at least 1"):
+        repository_copy(DEFAULT_REPOSITORY, None, {}, 0)

@@ -26,6 +26,22 @@ def engine_workers(server) -> list[psutil.Process]:
             if WORKER_MODULE in " ".join(process.cmdline())]
 
 
+def kill_once_streaming(worker: psutil.Process, streams: list, *reasons: str) -> None:
+    """SIGKILL the worker once every stream has a response: each stream ends within 5 s with exactly one final, an
+    UNAVAILABLE error naming every one of `reasons`."""
+    deadline = time.monotonic() + 120
+    while not all(stream.responses for stream in streams):
+        assert time.monotonic() < deadline, "the streams never started"
+        time.sleep(0.05)
+    worker.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    for stream in streams:
+        assert stream.done.wait(max(0.0, killed_at + 5.0 - time.monotonic())), "a stream was left hanging"
+        assert stream.finals == 1 and len(stream.errors) == 1, stream.errors
+        assert model_error(stream.errors[0]).startswith("UNAVAILABLE"), stream.errors
+        assert all(reason in stream.errors[0] for reason in reasons), stream.errors
+
+
 def test_killing_the_engine_worker_mid_stream_ends_every_stream_unavailable_and_the_model_not_ready(tmp_path):
     server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "4", "engine_process": "true"})
     try:
@@ -37,18 +53,7 @@ def test_killing_the_engine_worker_mid_stream_ends_every_stream_unavailable_and_
         ]
         streams.append(client.send("ensemble", text_inputs("Tell me a long story.", 4000,
                                                            min_tokens=(4000, np.int32)), "text"))
-        deadline = time.monotonic() + 120
-        while not all(stream.responses for stream in streams):
-            assert time.monotonic() < deadline, "the streams never started"
-            time.sleep(0.05)
-        worker.send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
-        for stream in streams:
-            assert stream.done.wait(max(0.0, killed_at + 5.0 - time.monotonic())), "a stream was left hanging"
-            assert stream.finals == 1 and len(stream.errors) == 1
-            assert model_error(stream.errors[0]).startswith("UNAVAILABLE"), stream.errors
-            assert "executor failed" in stream.errors[0] and "engine worker exited (killed by SIGKILL)" in \
-                stream.errors[0], stream.errors
+        kill_once_streaming(worker, streams, "executor failed", "engine worker exited (killed by SIGKILL)")
         grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
         deadline = time.monotonic() + 10
         while grpc_client.is_model_ready("tensorrt_llm") or grpc_client.is_model_ready("ensemble"):

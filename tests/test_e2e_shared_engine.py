@@ -6,7 +6,6 @@ and the model reports not ready; the worker never outlives the server."""
 from __future__ import annotations
 
 import re
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,9 +14,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_server
 from prometheus_text import scrape
-from test_e2e_engine_process import engine_workers
+from test_e2e_engine_process import engine_workers, kill_once_streaming
 from test_e2e_multi_instance import INSTANCES, ONE_INSTANCE, TWO_INSTANCES
-from triton_client import StreamClient, model_error, stream_once, token_inputs
+from triton_client import StreamClient, stream_once, token_inputs
 
 pytestmark = pytest.mark.e2e
 
@@ -64,17 +63,7 @@ def test_two_instances_share_one_engine_worker_both_serve_and_its_death_ends_eve
             streams.append(client.send("tensorrt_llm", token_inputs([1, 504, 3575 + len(streams)], 4000,
                                                                     min_tokens=(4000, np.int32)), f"t{len(streams)}"))
             time.sleep(0.5)
-        deadline = time.monotonic() + 120
-        while not all(stream.responses for stream in streams):
-            assert time.monotonic() < deadline, "the streams never started"
-            time.sleep(0.05)
-        worker.send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
-        for stream in streams:
-            assert stream.done.wait(max(0.0, killed_at + 5.0 - time.monotonic())), "a stream was left hanging"
-            assert stream.finals == 1 and len(stream.errors) == 1, stream.errors
-            assert model_error(stream.errors[0]).startswith("UNAVAILABLE"), stream.errors
-            assert "engine worker exited" in stream.errors[0], stream.errors
+        kill_once_streaming(worker, streams, "engine worker exited")
         grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
         deadline = time.monotonic() + 10
         while grpc_client.is_model_ready("tensorrt_llm"):
