@@ -26,20 +26,21 @@ def engine_workers(server) -> list[psutil.Process]:
             if WORKER_MODULE in " ".join(process.cmdline())]
 
 
-def kill_once_streaming(worker: psutil.Process, streams: list, *reasons: str) -> None:
-    """SIGKILL the worker once every stream has a response: each stream ends within 5 s with exactly one final, an
-    UNAVAILABLE error naming every one of `reasons`."""
+def signal_once_streaming(worker: psutil.Process, streams: list, signum: int, within_s: float, *reasons: str) -> float:
+    """Send the worker `signum` once every stream has a response: each stream ends within `within_s` with exactly one
+    final, an UNAVAILABLE error naming every one of `reasons`; when the signal went."""
     deadline = time.monotonic() + 120
     while not all(stream.responses for stream in streams):
         assert time.monotonic() < deadline, "the streams never started"
         time.sleep(0.05)
-    worker.send_signal(signal.SIGKILL)
-    killed_at = time.monotonic()
+    worker.send_signal(signum)
+    signalled_at = time.monotonic()
     for stream in streams:
-        assert stream.done.wait(max(0.0, killed_at + 5.0 - time.monotonic())), "a stream was left hanging"
+        assert stream.done.wait(max(0.0, signalled_at + within_s - time.monotonic())), "a stream was left hanging"
         assert stream.finals == 1 and len(stream.errors) == 1, stream.errors
         assert model_error(stream.errors[0]).startswith("UNAVAILABLE"), stream.errors
         assert all(reason in stream.errors[0] for reason in reasons), stream.errors
+    return signalled_at
 
 
 def test_killing_the_engine_worker_mid_stream_ends_every_stream_unavailable_and_the_model_not_ready(tmp_path):
@@ -53,7 +54,8 @@ def test_killing_the_engine_worker_mid_stream_ends_every_stream_unavailable_and_
         ]
         streams.append(client.send("ensemble", text_inputs("Tell me a long story.", 4000,
                                                            min_tokens=(4000, np.int32)), "text"))
-        kill_once_streaming(worker, streams, "executor failed", "engine worker exited (killed by SIGKILL)")
+        signal_once_streaming(worker, streams, signal.SIGKILL, 5.0, "executor failed",
+                              "engine worker exited (killed by SIGKILL)")
         grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
         deadline = time.monotonic() + 10
         while grpc_client.is_model_ready("tensorrt_llm") or grpc_client.is_model_ready("ensemble"):
@@ -79,19 +81,10 @@ def test_a_stopped_engine_worker_is_noticed_by_its_heartbeat_every_stream_ends_u
         streams = [client.send("tensorrt_llm", token_inputs([1, 504, 3575], 4000, min_tokens=(4000, np.int32)), "t"),
                    client.send("ensemble", text_inputs("Tell me a long story.", 4000, min_tokens=(4000, np.int32)),
                                "text")]
-        deadline = time.monotonic() + 120
-        while not all(stream.responses for stream in streams):
-            assert time.monotonic() < deadline, "the streams never started"
-            time.sleep(0.05)
-        worker.send_signal(signal.SIGSTOP)
-        stopped_at = time.monotonic()
+        stopped_at = signal_once_streaming(worker, streams, signal.SIGSTOP, 6.0, "(engine_heartbeat_timeout_s=3)")
         for stream in streams:
-            assert stream.done.wait(max(0.0, stopped_at + 6.0 - time.monotonic())), "a stream was left hanging"
-            assert stream.finals == 1 and len(stream.errors) == 1
-            assert model_error(stream.errors[0]).startswith("UNAVAILABLE"), stream.errors
             # Which the stub notices first: silence, or (an iteration outlasting the last heartbeat) no progress.
             assert re.search(r"engine worker hung: no (heartbeat|engine iteration) for 3\.\d s", stream.errors[0])
-            assert "(engine_heartbeat_timeout_s=3)" in stream.errors[0], stream.errors
         assert time.monotonic() - stopped_at >= 2.0  # not before the timeout (from the last heartbeat, <= 1 s earlier)
         grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
         deadline = time.monotonic() + 10

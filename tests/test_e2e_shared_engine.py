@@ -6,6 +6,7 @@ and the model reports not ready; the worker never outlives the server."""
 from __future__ import annotations
 
 import re
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_server
 from prometheus_text import scrape
-from test_e2e_engine_process import engine_workers, kill_once_streaming
+from test_e2e_engine_process import engine_workers, signal_once_streaming
 from test_e2e_multi_instance import INSTANCES, ONE_INSTANCE, TWO_INSTANCES
 from triton_client import StreamClient, stream_once, token_inputs
 
@@ -63,7 +64,7 @@ def test_two_instances_share_one_engine_worker_both_serve_and_its_death_ends_eve
             streams.append(client.send("tensorrt_llm", token_inputs([1, 504, 3575 + len(streams)], 4000,
                                                                     min_tokens=(4000, np.int32)), f"t{len(streams)}"))
             time.sleep(0.5)
-        kill_once_streaming(worker, streams, "engine worker exited")
+        signal_once_streaming(worker, streams, signal.SIGKILL, 5.0, "engine worker exited")
         grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
         deadline = time.monotonic() + 10
         while grpc_client.is_model_ready("tensorrt_llm"):
