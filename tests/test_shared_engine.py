@@ -1,8 +1,8 @@
 """Several stubs sharing one engine worker (executors/engine_client.py `shared_as`, the instances of one model on one
 device): they attach to one process up to `peers`, each gets the steps of its own requests only and the same greedy
 tokens as alone, the iteration stats reach one of them, a stub beyond `peers` (in the worker's life) gets a worker of
-its own, a stub that leaves (bye, or its process killed) has its requests cancelled while the others go on, and the
-worker exits when the last one leaves."""
+its own, a stub that leaves (bye, or its process killed) has its requests cancelled while the others go on, the
+worker exits when the last one leaves, and a hello it takes after its stub gave up counts no stub."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import time
 import uuid
 
 import pytest
+import zmq
 
 from trtllm_model.executor_interface import FinishReason, GenerationRequest
+from trtllm_model.executors.engine_wire import decode, encode, new_socket
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
 from trtllm_model.params import Params
 
@@ -150,3 +152,25 @@ def test_a_killed_stubs_requests_are_cancelled_the_others_go_on_and_the_last_bye
         assert exited(worker_pid, 10), "the worker outlived its last stub"
     finally:
         stub.kill()
+
+
+def test_a_hello_the_worker_takes_after_its_stub_gave_up_attaches_nothing(tmp_path, capfd):
+    """As when the worker's command loop was busy past a joining stub's wait: the hello reaches it late. Counted as
+    attached, that stub (this process, alive) would hold the worker after its last real stub left."""
+    key = f"test-{uuid.uuid4()}"
+    first = shared_executor(key, peers=2)
+    worker = first.engine.info.pid
+    context = zmq.Context()
+    try:
+        events = new_socket(context, zmq.PULL)
+        events.bind(f"ipc://{tmp_path}/events")
+        commands = new_socket(context, zmq.PUSH)
+        commands.connect(f"ipc://{first.engine._worker_dir}/commands")
+        commands.send_multipart(encode(("hello", os.getpid(), f"ipc://{tmp_path}/events", 2, time.monotonic() - 1)))
+        assert not events.poll(2000), decode(events.recv_multipart())  # no "ready": nothing attached
+        assert "after its stub gave up: ignored" in capfd.readouterr().err
+        first.shutdown()
+        assert exited(worker, 10), "a hello taken late kept the worker for a stub that never came"
+    finally:
+        first.shutdown()
+        context.destroy(linger=0)

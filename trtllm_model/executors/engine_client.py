@@ -58,6 +58,9 @@ from .engine_wire import (
 
 READY_TIMEOUT_S = 900.0  # the first start dequantises SmolLM2 (tens of seconds on a small CPU)
 JOIN_TIMEOUT_S = 10.0  # a running worker answers a hello at once
+# A hello names when its stub stops waiting (CLOCK_MONOTONIC, the same in every process of the host); the worker
+# ignores one it takes later than that, and the stub waits this much past it for an answer sent just in time.
+ANSWER_GRACE_S = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0  # config.pbtxt `engine_heartbeat_timeout_s`
 
 
@@ -152,16 +155,17 @@ class EngineProcess:
 
     def _hello(self, peers: int, timeout_s: float) -> tuple | None:
         """Say hello on a fresh event socket (a late answer to an earlier try cannot reach this one); the worker's
-        answer, or None when it gave none in time or exited."""
+        answer, or None when it gave none in time or exited. A worker that takes the hello after `timeout_s` (busy, or
+        stopped) ignores it, so a stub that gave up and started a worker of its own is not counted by this one."""
         if self._events is not None:
             self._events.close()
         self._attempts += 1
         self._events = new_socket(self._context, zmq.PULL)
         address = f"ipc://{self._dir}/events-{self._attempts}"
         self._events.bind(address)
-        self._send(("hello", os.getpid(), address, peers))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        answer_by = time.monotonic() + timeout_s
+        self._send(("hello", os.getpid(), address, peers, answer_by))
+        while time.monotonic() < answer_by + ANSWER_GRACE_S:
             if self._events.poll(200):
                 reply = decode(self._events.recv_multipart(copy=False))
                 if reply[0] == "ready":

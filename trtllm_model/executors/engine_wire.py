@@ -5,7 +5,8 @@ of one model on one device) may share one worker: each has a number, and its req
 (`CLIENT_ID_SHIFT`), so the worker sends each stub the steps of its own requests.
 
   stub -> worker   ("spec", EngineSpec) once, from the stub that starts the worker; ("hello", pid, events address,
-                   capacity) from every stub (the starting one right after the spec); then ("submits", [(id, encoded
+                   capacity, answer by: a time.monotonic() past which the stub no longer waits, and the worker
+                   ignores the hello) from every stub (the starting one right after the spec); then ("submits", [(id, encoded
                    GenerationRequest), ...]), ("cancel", id), ("bye", number): one submits message carries the requests
                    of one `execute()` batch, or one request; the worker decodes each request apart, so that one it
                    cannot decode fails alone

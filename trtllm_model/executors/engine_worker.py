@@ -20,6 +20,7 @@ import os
 import select
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +88,7 @@ class _Worker:
         self.spec = spec
         hello = self.receive(START_TIMEOUT_S)
         assert hello[0] == "hello", hello[0]
-        first = self._attach(*hello[1:])
+        first = self._attach(*hello[1:4])  # the starting stub waits out the load (READY_TIMEOUT_S)
         try:
             self.engine, info, self._tokenizer = build_engine(spec, self.send_steps)
         except Exception as exc:  # noqa: BLE001 - the stub reports it as the load failure
@@ -194,7 +195,11 @@ class _Worker:
             return self._detach(command[1], answer=kind == "bye") > 0
         return True
 
-    def _hello(self, pid: int, address: str, capacity: int) -> None:
+    def _hello(self, pid: int, address: str, capacity: int, answer_by: float) -> None:
+        late = time.monotonic() - answer_by
+        if late > 0:  # that stub no longer waits for an answer (engine_client.ANSWER_GRACE_S)
+            log.warning("a hello from pid %d taken %.1f s after its stub gave up: ignored", pid, late)
+            return
         # Up to `capacity` stubs in the worker's life: a reload's stubs, arriving while the old ones still serve (or
         # after one of them died: Triton 2.51 does not restart a stub), get a worker of their own.
         if self._numbers >= capacity:
