@@ -75,7 +75,7 @@ def test_two_instances_share_one_engine_worker_both_serve_and_its_death_ends_eve
         server.stop()
 
 
-def test_serve_instances_2_shares_one_worker_that_ends_with_the_server(tmp_path):
+def test_serve_instances_2_shares_one_worker_and_a_stop_with_streams_on_both_ends_cleanly(tmp_path):
     server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "4", "engine_process": "true"},
                           serve_args=["--instances", "2"], new_session=True)
     try:
@@ -84,6 +84,29 @@ def test_serve_instances_2_shares_one_worker_that_ends_with_the_server(tmp_path)
         assert len(re.findall(r"stub \d \(pid \d+\) attached", server.log())) == 2, server.log()[-3000:]
         result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs(PROMPTS[0], 4), timeout_s=120)
         assert result.errors == [] and len(result.tokens()) == 4
+
+        # Ctrl-C with streams open on both instances: each stream ends with one final, both stubs leave the worker
+        # (a bye's answer read by a poll already under way was once lost, and that stub waited 30 s), and the server
+        # exits 0 within Triton's exit timeout, which it spends on the instances one after another.
+        client = StreamClient(server.grpc_url)
+        streams = []
+        while not all(_per_instance(server, "nv_llm_open_requests").get(name, 0) > 0 for name in INSTANCES):
+            assert len(streams) < 4, _per_instance(server, "nv_llm_open_requests")
+            streams.append(client.send("tensorrt_llm", token_inputs([1, 504, 3575 + len(streams)], 4000,
+                                                                    min_tokens=(4000, np.int32)), f"t{len(streams)}"))
+            time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while not all(stream.responses for stream in streams):
+            assert time.monotonic() < deadline, "streams never started"
+            time.sleep(0.1)
+        server.process.send_signal(signal.SIGINT)
+        for stream in streams:
+            assert stream.done.wait(20), f"a stream got no final response:\n{server.log()[-3000:]}"
+            assert stream.finals == 1 and all(e.startswith("UNAVAILABLE: ") for e in stream.errors), stream.errors
+        client.close()
+        assert server.process.wait(30) == 0, server.log()[-3000:]
+        assert "Exit timeout expired" not in server.log()
+        assert len(re.findall(r"stub \d left; [01] attached", server.log())) == 2, server.log()[-3000:]
     finally:
         server.stop()
     worker.wait(10)  # raises psutil.TimeoutExpired while the worker outlives the server

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 
@@ -108,6 +109,27 @@ def test_a_stub_beyond_peers_gets_a_worker_of_its_own(pair):
     finally:
         third.shutdown()
     assert exited(third.engine.info.pid, 10)
+
+
+def test_a_stub_leaving_while_its_poll_is_under_way_gets_the_answer_to_its_bye_at_once():
+    """The poller's thread may be inside `await_steps` when finalize stops the executor: that poll, not the bye,
+    can read the worker's answer. Lost there, the bye waited its whole 30 s and then killed the shared worker."""
+    key = f"test-{uuid.uuid4()}"
+    first = shared_executor(key, peers=2)
+    second = shared_executor(key, peers=2)
+    try:
+        polling = threading.Thread(target=second.await_steps, args=(3.0,))
+        polling.start()
+        time.sleep(0.2)  # the poll holds the receive lock, waiting
+        started = time.monotonic()
+        second.shutdown()
+        assert time.monotonic() - started < 5.0, "the bye's answer was lost"
+        polling.join()
+        assert not exited(first.engine.info.pid, 0.5), "the worker was killed"
+        assert greedy(first, [[1, 2, 3]], max_tokens=3)[0]
+    finally:
+        second.shutdown()
+        first.shutdown()
 
 
 def test_a_killed_stubs_requests_are_cancelled_the_others_go_on_and_the_last_bye_ends_the_worker():

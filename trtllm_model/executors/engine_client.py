@@ -82,6 +82,7 @@ class EngineProcess:
         self._receive_lock = threading.Lock()
         self._stats: deque[IterationStats] = deque(maxlen=max(1, spec.stats_max_iterations))
         self._error: str | None = None
+        self._left: int | None = None  # the worker's answer to this stub's bye: the stubs it has left
         self._stopped = False
         self._sent_submits = 0
         self._unsent: list[tuple[int, bytes]] = []  # submits held back (id, encoded request), under _send_lock
@@ -238,24 +239,35 @@ class EngineProcess:
         from ..embedded.engine import EngineDead
 
         steps: list[Step] = []
+        if self._stopped:  # as the engine on a thread: nothing, after the timeout, no error
+            # Not under the lock: a caller asking again at once would take it back each time, while `stop` waits
+            # under it for the worker's answer to its bye.
+            time.sleep(max(0.0, timeout_s))
+            return steps
         with self._receive_lock:
-            if self._stopped:  # as the engine on a thread: nothing, after the timeout, no error
-                time.sleep(max(0.0, timeout_s))
+            if self._stopped:  # `stop` took the lock first and closed the socket
                 return steps
             timeout_ms = max(0, int(timeout_s * 1000))
             while self._events.poll(0 if steps else timeout_ms):
-                message = decode(self._events.recv_multipart(copy=False))
-                if message[0] == "steps":
-                    _, packed, stats, progress = message
-                    steps.extend(unpack_steps(packed))
-                    self._stats.extend(stats)
-                    self._heard(progress)
-                elif message[0] == "dead":
-                    self._error = message[1]
+                self._take(decode(self._events.recv_multipart(copy=False)), steps)
             self._check_heartbeat()
         if not steps and self.error:
             raise EngineDead(self.error)
         return steps
+
+    def _take(self, message: tuple, steps: list[Step]) -> None:
+        """One message from the worker, whichever thread reads it (caller holds _receive_lock): a `wait_steps` that
+        began before `stop` may read the answer to the bye."""
+        kind = message[0]
+        if kind == "steps":
+            _, packed, stats, progress = message
+            steps.extend(unpack_steps(packed))
+            self._stats.extend(stats)
+            self._heard(progress)
+        elif kind == "dead":
+            self._error = message[1]
+        elif kind == "gone":
+            self._left = message[1]
 
     def _heard(self, progress: Progress) -> None:
         now = time.monotonic()
@@ -335,11 +347,9 @@ class EngineProcess:
             return None
         deadline = time.monotonic() + timeout_s
         with self._receive_lock:
-            while self._events.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-                message = decode(self._events.recv_multipart(copy=False))
-                if message[0] == "gone":
-                    return message[1]
-        return None
+            while self._left is None and self._events.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                self._take(decode(self._events.recv_multipart(copy=False)), [])
+        return self._left
 
     def _wait_exit(self, timeout_s: float) -> bool:
         if self.process is not None:
