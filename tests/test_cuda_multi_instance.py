@@ -12,18 +12,12 @@ import time
 import pytest
 import torch
 from conftest import start_server
-from prometheus_text import scrape
-from test_e2e_multi_instance import INSTANCES, ONE_INSTANCE, TWO_INSTANCES
-from triton_client import StreamClient, token_inputs
+from test_e2e_multi_instance import INSTANCES, ONE_INSTANCE, TWO_INSTANCES, per_instance
+from triton_client import StreamClient, token_inputs, wait_until_streaming
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 STREAMS = 16
-
-
-def _per_instance(server, name: str) -> dict[str, float]:
-    found = scrape(server.metrics_url).find(name, model="tensorrt_llm")
-    return {dict(key).get("model_instance"): value for key, value in found.items()}
 
 
 def test_two_instances_on_one_gpu_both_serve_and_a_stop_ends_every_stream(tmp_path):
@@ -36,12 +30,10 @@ def test_two_instances_on_one_gpu_both_serve_and_a_stop_ends_every_stream(tmp_pa
         streams = [client.send("tensorrt_llm", token_inputs([1, 2, 3 + i], 4000), f"t-{i}")
                    for i in range(STREAMS)]
         deadline = time.monotonic() + 120
-        while not all(_per_instance(server, "nv_llm_open_requests").get(name, 0) > 0 for name in INSTANCES):
-            assert time.monotonic() < deadline, (_per_instance(server, "nv_llm_open_requests"), server.log()[-3000:])
+        while not all(per_instance(server, "nv_llm_open_requests").get(name, 0) > 0 for name in INSTANCES):
+            assert time.monotonic() < deadline, (per_instance(server, "nv_llm_open_requests"), server.log()[-3000:])
             time.sleep(0.2)
-        while not all(s.responses for s in streams):
-            assert time.monotonic() < deadline, "streams never started"
-            time.sleep(0.1)
+        wait_until_streaming(streams, max(0.0, deadline - time.monotonic()))
         server.process.send_signal(signal.SIGTERM)
         for stream in streams:
             assert stream.done.wait(20), f"a stream got no final response:\n{server.log()[-3000:]}"

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_server
-from triton_client import StreamClient, model_error, stream_once, text_inputs, token_inputs
+from triton_client import StreamClient, model_error, stream_once, text_inputs, token_inputs, wait_until_streaming
 
 pytestmark = pytest.mark.e2e
 
@@ -29,10 +29,7 @@ def engine_workers(server) -> list[psutil.Process]:
 def signal_once_streaming(worker: psutil.Process, streams: list, signum: int, within_s: float, *reasons: str) -> float:
     """Send the worker `signum` once every stream has a response: each stream ends within `within_s` with exactly one
     final, an UNAVAILABLE error naming every one of `reasons`; when the signal went."""
-    deadline = time.monotonic() + 120
-    while not all(stream.responses for stream in streams):
-        assert time.monotonic() < deadline, "the streams never started"
-        time.sleep(0.05)
+    wait_until_streaming(streams, 120)
     worker.send_signal(signum)
     signalled_at = time.monotonic()
     for stream in streams:

@@ -26,7 +26,7 @@ def _two_instance_server(tmp_path, gpu_device_ids: str = "0;1", expect_ready: bo
                         config_edits={ONE_INSTANCE: TWO_INSTANCES}, expect_ready=expect_ready, new_session=True)
 
 
-def _per_instance(server, name: str, **labels: str) -> dict[str, float]:
+def per_instance(server, name: str, **labels: str) -> dict[str, float]:
     found = scrape(server.metrics_url).find(name, model="tensorrt_llm", **labels)
     return {dict(key).get("model_instance"): value for key, value in found.items()}
 
@@ -34,7 +34,7 @@ def _per_instance(server, name: str, **labels: str) -> dict[str, float]:
 def test_requests_spread_over_both_instances_and_each_counts_its_own(tmp_path):
     server = _two_instance_server(tmp_path)
     try:
-        assert set(_per_instance(server, "nv_llm_open_requests")) == INSTANCES
+        assert set(per_instance(server, "nv_llm_open_requests")) == INSTANCES
         # Short requests, sent together: Triton hands them to whichever instance is free.
         with ThreadPoolExecutor(8) as pool:
             finished = list(pool.map(lambda i: stream_once(server.grpc_url, "tensorrt_llm", token_inputs([i + 1], 3)),
@@ -42,7 +42,7 @@ def test_requests_spread_over_both_instances_and_each_counts_its_own(tmp_path):
         assert all(r.finals == 1 and not r.errors and len(r.tokens()) == 3 for r in finished)
         deadline = time.monotonic() + 10
         while True:
-            counts = _per_instance(server, "nv_llm_requests_finished_total", finish_reason="length")
+            counts = per_instance(server, "nv_llm_requests_finished_total", finish_reason="length")
             if sum(counts.values()) == 32 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
@@ -64,10 +64,10 @@ def test_a_stop_ends_every_stream_of_both_instances(tmp_path):
                    client.send("tensorrt_llm", token_inputs([i + 1], 4000), f"t-{i}") for i in range(STREAMS)]
         deadline = time.monotonic() + 30
         while not (all(s.responses for s in streams) and
-                   all(_per_instance(server, "nv_llm_open_requests").get(name, 0) > 0 for name in INSTANCES)):
-            assert time.monotonic() < deadline, (_per_instance(server, "nv_llm_open_requests"), server.log()[-3000:])
+                   all(per_instance(server, "nv_llm_open_requests").get(name, 0) > 0 for name in INSTANCES)):
+            assert time.monotonic() < deadline, (per_instance(server, "nv_llm_open_requests"), server.log()[-3000:])
             time.sleep(0.1)
-        open_requests = _per_instance(server, "nv_llm_open_requests")
+        open_requests = per_instance(server, "nv_llm_open_requests")
         assert sum(open_requests.values()) == STREAMS, open_requests
 
         server.process.send_signal(signal.SIGTERM)  # to `trtllm-triton serve`, as docker stop or Kubernetes do

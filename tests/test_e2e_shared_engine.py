@@ -14,19 +14,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_server
-from prometheus_text import scrape
 from test_e2e_engine_process import engine_workers, signal_once_streaming
-from test_e2e_multi_instance import INSTANCES, ONE_INSTANCE, TWO_INSTANCES
-from triton_client import StreamClient, stream_once, token_inputs
+from test_e2e_multi_instance import INSTANCES, ONE_INSTANCE, TWO_INSTANCES, per_instance
+from triton_client import StreamClient, stream_once, token_inputs, wait_until_streaming
 
 pytestmark = pytest.mark.e2e
 
 PROMPTS = ([1, 504, 3575], [1, 9690, 28, 253])
-
-
-def _per_instance(server, name: str, **labels: str) -> dict[str, float]:
-    found = scrape(server.metrics_url).find(name, model="tensorrt_llm", **labels)
-    return {dict(key).get("model_instance"): value for key, value in found.items()}
 
 
 def test_two_instances_share_one_engine_worker_both_serve_and_its_death_ends_every_stream_of_both(tmp_path):
@@ -48,7 +42,7 @@ def test_two_instances_share_one_engine_worker_both_serve_and_its_death_ends_eve
             assert len({tuple(r.tokens()) for r in results[first::2]}) == 1, [r.tokens() for r in results]
         deadline = time.monotonic() + 10
         while True:  # a request is counted just after its final response is sent
-            counts = _per_instance(server, "nv_llm_requests_finished_total", finish_reason="length")
+            counts = per_instance(server, "nv_llm_requests_finished_total", finish_reason="length")
             if sum(counts.values()) == 24 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
@@ -58,9 +52,9 @@ def test_two_instances_share_one_engine_worker_both_serve_and_its_death_ends_eve
         # Long streams on both instances, then the shared worker dies.
         client = StreamClient(server.grpc_url)
         streams = []
-        while not all(_per_instance(server, "nv_llm_open_requests").get(name, 0) > 0 for name in INSTANCES):
+        while not all(per_instance(server, "nv_llm_open_requests").get(name, 0) > 0 for name in INSTANCES):
             # One at a time until each instance holds one: Triton may hand requests sent together to one instance.
-            assert len(streams) < 8, _per_instance(server, "nv_llm_open_requests")  # max_batch_size: all run
+            assert len(streams) < 8, per_instance(server, "nv_llm_open_requests")  # max_batch_size: all run
             streams.append(client.send("tensorrt_llm", token_inputs([1, 504, 3575 + len(streams)], 4000,
                                                                     min_tokens=(4000, np.int32)), f"t{len(streams)}"))
             time.sleep(0.5)
@@ -90,15 +84,12 @@ def test_serve_instances_2_shares_one_worker_and_a_stop_with_streams_on_both_end
         # exits 0 within Triton's exit timeout, which it spends on the instances one after another.
         client = StreamClient(server.grpc_url)
         streams = []
-        while not all(_per_instance(server, "nv_llm_open_requests").get(name, 0) > 0 for name in INSTANCES):
-            assert len(streams) < 4, _per_instance(server, "nv_llm_open_requests")
+        while not all(per_instance(server, "nv_llm_open_requests").get(name, 0) > 0 for name in INSTANCES):
+            assert len(streams) < 4, per_instance(server, "nv_llm_open_requests")
             streams.append(client.send("tensorrt_llm", token_inputs([1, 504, 3575 + len(streams)], 4000,
                                                                     min_tokens=(4000, np.int32)), f"t{len(streams)}"))
             time.sleep(0.5)
-        deadline = time.monotonic() + 60
-        while not all(stream.responses for stream in streams):
-            assert time.monotonic() < deadline, "streams never started"
-            time.sleep(0.1)
+        wait_until_streaming(streams, 60)
         server.process.send_signal(signal.SIGINT)
         for stream in streams:
             assert stream.done.wait(20), f"a stream got no final response:\n{server.log()[-3000:]}"

@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 from conftest import start_server
-from triton_client import StreamClient, model_error, text_inputs, token_inputs
+from triton_client import StreamClient, model_error, text_inputs, token_inputs, wait_until_streaming
 
 pytestmark = pytest.mark.e2e
 
@@ -59,10 +59,7 @@ def _open_streams(server) -> tuple[StreamClient, list]:
             results.append(client.send("ensemble", text_inputs(f"story {i}", 4000), f"ensemble-{i}"))
         else:
             results.append(client.send("tensorrt_llm", token_inputs([i + 1], 4000), f"tensorrt_llm-{i}"))
-    deadline = time.monotonic() + 30
-    while not all(r.responses for r in results):
-        assert time.monotonic() < deadline, "streams never started"
-        time.sleep(0.05)
+    wait_until_streaming(results, 30)
     return client, results
 
 
@@ -157,10 +154,7 @@ def test_a_stop_after_cancellations_over_the_llm_api_is_bounded(tmp_path, stream
     tree = _tree_pids(server.process.pid)
     try:
         running = [client.send("tensorrt_llm", token_inputs([1000 + i], 4000), f"r{i}") for i in range(8)]
-        deadline = time.monotonic() + 30
-        while not all(r.responses for r in running):
-            assert time.monotonic() < deadline, "streams never started"
-            time.sleep(0.01)
+        wait_until_streaming(running, 30)
         stops = [stopper.send("tensorrt_llm", [*token_inputs([1], 1), tensor("stop", True, np.bool_)], f"r{i}")
                  for i in range(8)]
         for result in stops + running:

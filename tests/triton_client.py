@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -85,6 +86,14 @@ class StreamResult:
     def wait(self, timeout_s: float = 60.0) -> StreamResult:
         assert self.done.wait(timeout_s), "no final response"
         return self
+
+
+def wait_until_streaming(streams: list[StreamResult], timeout_s: float) -> None:
+    """Return once every stream has had a response; assert that it happens within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not all(stream.responses for stream in streams):
+        assert time.monotonic() < deadline, f"{sum(not s.responses for s in streams)} of {len(streams)} streams never started"
+        time.sleep(0.05)
 
 
 class StreamClient:
