@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Host memory of each process of `trtllm-triton serve` on this CPU machine, with 1 and with 4 instances sharing one
 # engine worker (engine_process=true), idle after one request: RSS and PSS (shared pages split between processes) from
-# /proc/PID/smaps_rollup. Run from the repository root: bash bench/results/cpu-stub-memory-20261206.sh
+# /proc/PID/smaps_rollup. Run from the repository root: bash bench/results/cpu/2026-12-06/cpu-stub-memory-20261206.sh
 set -u
 for n in 1 4; do
   .venv/bin/trtllm-triton serve --instances $n --set engine_process=true --http-port 18000 --grpc-port 18001 \

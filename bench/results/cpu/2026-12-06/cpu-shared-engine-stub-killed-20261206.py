@@ -1,5 +1,5 @@
 # Two instances sharing one engine worker (fc6a3b1), CPU, SmolLM2: SIGKILL the stub that did not start the worker, then
-# send one short request a second. Run from the repository root: .venv/bin/python bench/results/cpu-shared-engine-stub-killed-20261206.py
+# send one short request a second. Run from the repository root: .venv/bin/python bench/results/cpu/2026-12-06/cpu-shared-engine-stub-killed-20261206.py
 import sys, time, signal, re, psutil
 sys.path[:0] = ["/work/main/tests", "/work/main"]
 from pathlib import Path
