@@ -189,6 +189,15 @@ def synthetic_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2_server(tmp_path_factory):
+    """One server with the embedded SmolLM2 (4 batch slots) shared by the end-to-end tests that neither stop nor
+    reconfigure it: one model load instead of one a module."""
+    server = start_server(tmp_path_factory.mktemp("smollm2"), executor="transformers", parameters={"max_batch_size": "4"})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def unary_server(tmp_path_factory):
     """The synthetic executor served non-decoupled (`serve --decoupled false`): one response per request."""
     server = start_server(tmp_path_factory.mktemp("unary"), executor="synthetic", serve_args=["--decoupled", "false"])
