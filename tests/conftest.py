@@ -198,6 +198,17 @@ def smollm2_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2_openai_server(tmp_path_factory):
+    """The embedded SmolLM2 with the repository's defaults and the OpenAI frontend, (server, base URL), shared by
+    the OpenAI end-to-end tests that neither stop nor reconfigure it."""
+    from openai_server import start_openai_server  # it imports this module
+
+    server, base_url = start_openai_server(tmp_path_factory.mktemp("smollm2-openai"), "transformers")
+    yield server, base_url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def unary_server(tmp_path_factory):
     """The synthetic executor served non-decoupled (`serve --decoupled false`): one response per request."""
     server = start_server(tmp_path_factory.mktemp("unary"), executor="synthetic", serve_args=["--decoupled", "false"])
