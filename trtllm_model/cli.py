@@ -156,9 +156,10 @@ def start_openai_frontend(options: ServerOptions, connect_host: str, port: int,
     command.append(f"--model-repository={options.model_repository}")
     if not access_log:
         command.append("--no-access-log")
-    # The frontend lists the models through the restricted repository index: it gets the key, in its environment
-    # (not on its command line, which any local user can read).
-    return subprocess.Popen(command, env={**os.environ, ADMIN_KEY_ENV: options.admin_key})
+    # The frontend finds the models through the repository's folders and their readiness, which need no admin key:
+    # its process is given none (an operator's key in serve's own environment included).
+    environment = {name: value for name, value in os.environ.items() if name != ADMIN_KEY_ENV}
+    return subprocess.Popen(command, env=environment)
 
 
 def stop_process(process: subprocess.Popen, timeout_s: float = 15.0) -> None:

@@ -15,15 +15,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from . import fused_forward
 from .kv_cache import StepInputs
-
-if TYPE_CHECKING:
-    from .runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +50,7 @@ class DecodeGraphs:
     read is the runner's: its forwards (`_forward`, `_greedy_steps`), its bucket tensors (`_static_copy`,
     `_padding_inputs`) and its KV pool."""
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: Any) -> None:  # a `runner.ModelRunner`, untyped here: runner.py imports this module
         self.runner = runner
         # (rows, width) -> (graph, logits): a bucket's decode forward
         self.forwards: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
