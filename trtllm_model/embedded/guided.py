@@ -19,10 +19,12 @@ is kept as refused, so sending it again is refused at once (not served from the 
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -243,6 +245,9 @@ class GuideCompiler:
 
     # -- compile threads -------------------------------------------------------------------------------------------
     def _compile_jobs(self, cheap_only: bool) -> None:
+        if not cheap_only:  # slow compilations yield the CPU to the engine and to small guides (Linux: a thread's nice)
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + 10)
         while True:
             with self._work:
                 job = self._take(cheap_only)
