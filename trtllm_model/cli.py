@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from .http_guard import HttpGuard, Route
 from .server import (
     ADMIN_HEADER,
     ADMIN_KEY_ENV,
@@ -28,10 +30,12 @@ from .server import (
     admin_headers,
     admin_key,
     cuda_driver_present,
+    free_ports,
     is_ready,
     ports_in_use,
     server_command,
     server_environment,
+    set_thread_stack_limit,
     wait_until_ready,
 )
 
@@ -56,6 +60,13 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         print(f"trtllm-triton: port {openai_port} already in use on {options.host}; pick another --openai-port "
               "or pass --no-openai", file=sys.stderr)
         return 2
+    # Triton's HTTP and metrics listeners move to loopback ports behind the guard, which bounds every request on the
+    # public ones before Triton reads it (http_guard says why); its threads' stacks are what those bounds assume.
+    set_thread_stack_limit()
+    triton_http_port, triton_metrics_port = free_ports(2)
+    options = dataclasses.replace(options, triton_http_port=triton_http_port, triton_metrics_port=triton_metrics_port)
+    guard = HttpGuard([Route(options.host, options.http_port, triton_http_port),
+                       Route(options.host, options.metrics_port, triton_metrics_port)])
     extra_env = {READY_URL_ENV: f"http://{connect_host}:{options.http_port}"}
     if options.executor:
         extra_env[EXECUTOR_OVERRIDE_ENV] = options.executor
@@ -126,6 +137,7 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
     finally:
         if frontend is not None:
             stop_process(frontend)
+        guard.close()
 
 
 def forward_output(source, target) -> None:
@@ -241,6 +253,32 @@ def repository_copy(repository: Path, decoupled: bool | None, parameters: dict[s
     return copy
 
 
+def machine_instances(repository: Path, parameters: dict[str, str], executor: str | None) -> int | None:
+    """The instance count this machine serves `repository` with when its tensorrt_llm has the one instance the
+    shipped config gives (instances.default_instance_count), said on stdout with how to change it; None: as it is."""
+    from .configure import INSTANCE_GROUP, MODEL_NAME
+    from .instances import CORES_PER_STUB, MAX_DEFAULT_INSTANCES, default_instance_count, usable_cores
+    from .params import Params
+    from .text_pipeline import config_parameters
+
+    config = repository / MODEL_NAME / "config.pbtxt"
+    group = INSTANCE_GROUP.search(config.read_text()) if config.is_file() else None
+    if group is None or group.group(1) != "1":
+        return None
+    values = {**config_parameters(config), **parameters}
+    params = Params(values, accepted=values.keys())
+    device = params.str("device", "cpu") or "cpu"
+    cores = usable_cores()
+    count = default_instance_count(executor or params.str("executor", "transformers") or "transformers", device,
+                                   params.bool("engine_process", device != "cpu"), cores)
+    if count == 1:
+        return None
+    print(f"trtllm-triton: {count} instances of {MODEL_NAME} over one engine worker ({device}, {cores} cores: a stub "
+          f"for every {CORES_PER_STUB} cores, at most {MAX_DEFAULT_INSTANCES}, so that responses keep up at 256+ "
+          "streams); --instances N to change", flush=True)
+    return count
+
+
 def package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -314,14 +352,19 @@ def main(argv: list[str] | None = None) -> int:
                    args.model_repository, not args.no_access_log)
         return 0
     repository = (args.model_repository or (LLMAPI_REPOSITORY if args.layout == "llmapi" else DEFAULT_REPOSITORY)).resolve()
-    if args.decoupled is not None or args.assignments or args.instances is not None:
-        from .configure import parse_assignments
-        from .params import ConfigError
+    from .configure import parse_assignments
+    from .params import ConfigError
 
+    try:
+        parameters = parse_assignments(args.assignments)
+        instances = args.instances if args.instances is not None else machine_instances(repository, parameters,
+                                                                                        args.executor)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if args.decoupled is not None or parameters or instances is not None:
         try:
-            parameters = parse_assignments(args.assignments)
             decoupled = None if args.decoupled is None else args.decoupled == "true"
-            repository = repository_copy(repository, decoupled, parameters, args.instances)
+            repository = repository_copy(repository, decoupled, parameters, instances)
         except ConfigError as exc:
             parser.error(str(exc))
     try:
