@@ -93,3 +93,45 @@ def test_a_prompt_over_max_num_tokens_is_answered_on_an_idle_server(served):
         completion = client.completions.create(model="tensorrt_llm", prompt=prompt, max_tokens=2,
                                                extra_body={"ignore_eos": True})
     assert completion.usage.prompt_tokens == 2100 and completion.usage.completion_tokens == 2
+
+
+async def _newcomer_beside_a_long_prefill(base_url: str) -> tuple[list[str], bool]:
+    """A 3,000-token prompt streams; once it is prefilling, a 4-token completion is sent. (the newcomer's text, whether
+    the long prompt had a token when the newcomer ended)."""
+    client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
+    long_started = asyncio.Event()
+
+    async def long_prompt() -> None:
+        stream = await client.completions.create(model="tensorrt_llm", prompt=[1000 + (i * 7919) % 40000
+                                                                               for i in range(3000)],
+                                                 max_tokens=4, stream=True, extra_body={"ignore_eos": True})
+        try:
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].text:
+                    long_started.set()
+        finally:
+            await stream.close()  # closing the connection cancels the request
+
+    try:
+        # A short request first: the engine has a decode-only step's time to size prompt chunks against.
+        await client.completions.create(model="tensorrt_llm", prompt="Hello", max_tokens=8)
+        long_task = asyncio.create_task(long_prompt())
+        await asyncio.sleep(2)  # it is queued and prefilling by now (its prefill takes far longer)
+        newcomer = await client.completions.create(model="tensorrt_llm", prompt="The capital of France is",
+                                                   max_tokens=4, extra_body={"ignore_eos": True})
+        long_had_a_token = long_started.is_set()
+        long_task.cancel()
+        await asyncio.gather(long_task, return_exceptions=True)
+    finally:
+        await client.close()
+    return [choice.text for choice in newcomer.choices], long_had_a_token
+
+
+def test_a_request_is_answered_between_a_long_prompts_prefill_chunks(served):
+    """While a 3,000-token prompt prefills in chunks, a newcomer is admitted, prefilled and decoded between its
+    chunks: its whole answer comes before the long prompt's first token (it waited for the whole prefill, 35 s for
+    4,096 tokens on a 2-core CPU, when partial prefills took every step's prompt tokens)."""
+    _server, base_url = served
+    texts, long_had_a_token = asyncio.run(_newcomer_beside_a_long_prefill(base_url))
+    assert len(texts) == 1 and texts[0]
+    assert not long_had_a_token, "the newcomer was answered only after the long prompt's prefill"

@@ -10,7 +10,9 @@ when the pool holds its prompt's blocks, and a decoding sequence takes one more 
 When the pool runs out, the newest sequence is preempted (as vLLM does): its blocks are freed and it goes back to
 the front of the queue; admitted again, it prefills its prompt and the tokens it generated (its sent tokens are
 not sent again: it resumes where it stopped). Admission is first come, first served: a request that does not fit
-yet holds back the ones behind it, so a long prompt cannot be starved by short ones.
+yet holds back the ones behind it, so a long prompt cannot be starved by short ones. Nor does a prompt being prefilled
+hold back the queue: while a request waits for a seat, partial prefills take at most half of a step's prompt tokens,
+so a newcomer is prefilled between a long prompt's chunks.
 """
 
 from __future__ import annotations
@@ -77,13 +79,16 @@ class Scheduler:
         tokens_left = self.limits.max_num_tokens - len(running)
         if prompt_tokens is not None:
             tokens_left = min(tokens_left, prompt_tokens)
+        seats = self.limits.max_batch_size - len(running) - len(self.prefilling)
+        # While a newcomer could join, partial prefills leave it half the step's prompt tokens: a long prompt's
+        # chunks do not hold every later request back until its prefill ends, and it still gets half of each step.
+        kept = tokens_left // 2 if self.waiting and seats > 0 else 0
         scheduled: list[Sequence] = []
         for sequence in self.prefilling:
-            if tokens_left <= 0:
+            if tokens_left - kept <= 0:
                 break
-            tokens_left -= self._chunk(sequence, tokens_left)
+            tokens_left -= self._chunk(sequence, tokens_left - kept)
             scheduled.append(sequence)
-        seats = self.limits.max_batch_size - len(running) - len(self.prefilling)
         spare = int(self.blocks.num_blocks * SPARE_BLOCKS_SHARE) if running or self.prefilling else 0
         while self.waiting and seats > 0 and tokens_left > 0:
             head = self.waiting[0]

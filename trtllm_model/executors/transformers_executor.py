@@ -39,8 +39,8 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
   guide_compile_timeout_s  how long a request waits for its guide to compile (default 10); longer: INVALID_ARG,
                    and the guide stays refused. With engine_process the worker compiles guides (once, off its
                    command loop); the stub only checks their limits
-  prefill_stall_factor  a step that prefills a prompt chunk beside decoding streams takes at most this many times a
-                   decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is steered
+  prefill_stall_factor  a step that prefills a prompt chunk (beside decoding streams or not) takes at most this many
+                   times a decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is steered
                    by the engine's own step times, chunks of at least 8 tokens (embedded/step_budget.py). Lower
                    keeps running streams' gaps shorter and starts a long prompt later: on 2 CPU cores, 1.75 against
                    2.5 took a 2,048-token prompt's first token from about 8 to 10-14 s (docs/performance.md)
