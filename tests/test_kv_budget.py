@@ -178,6 +178,24 @@ def test_a_slow_reader_gets_every_generation_logits_row(loaded):
         executor.shutdown()
 
 
+def test_context_logits_come_from_the_prompts_chunks_and_equal_a_whole_forwards(loaded):
+    """A 100-token prompt prefilled in chunks of at most 32 tokens (max_num_tokens), its cached prefix not used: its
+    context logits are its chunks' logits at every token, those of one forward over the whole prompt."""
+    executor = new_executor(loaded, max_num_tokens=32, max_input_len=200)
+    prompt = [1 + (i * 7919) % 40000 for i in range(100)]
+    try:
+        run_all(executor, [GenerationRequest(input_ids=prompt, max_tokens=1)])  # its blocks are cached now
+        (steps,) = run_all(executor, [GenerationRequest(input_ids=prompt, max_tokens=1, return_context_logits=True)])
+        (context,) = [step.context_logits for step in steps if step.context_logits is not None]
+        with torch.inference_mode():
+            whole = loaded.model(input_ids=torch.tensor([prompt]), use_cache=False).logits[0].float().numpy()
+        assert context.shape == whole.shape == (100, executor.runner.vocab_size)
+        np.testing.assert_allclose(context, whole, atol=0.5 if loaded.model.dtype == torch.bfloat16 else 1e-3)
+        assert (context.argmax(axis=1) == whole.argmax(axis=1)).mean() > 0.95
+    finally:
+        executor.shutdown()
+
+
 BAD_TOKEN = 4242  # the prompt token that makes the patched runner fail
 
 
@@ -207,10 +225,10 @@ def test_a_failure_caused_by_one_request_fails_only_that_request(loaded, monkeyp
 
         monkeypatch.setattr(engine_module, "sample_next_tokens", failing_sample)
     else:
-        def failing_prompt_logits(prompt):
+        def failing_prefill_logits(sequence):
             raise RuntimeError("simulated context logits failure")
 
-        monkeypatch.setattr(runner, "prompt_logits", failing_prompt_logits)
+        monkeypatch.setattr(runner, "prefill_logits", failing_prefill_logits)
     try:
         good = [GenerationRequest(input_ids=[1, 504, 3575 + i, 28], max_tokens=8, min_tokens=8) for i in range(2)]
         bad = GenerationRequest(input_ids=[1, 504, BAD_TOKEN, 28], max_tokens=8, min_tokens=8,

@@ -92,7 +92,9 @@ class Scheduler:
         spare = int(self.blocks.num_blocks * SPARE_BLOCKS_SHARE) if running or self.prefilling else 0
         while self.waiting and seats > 0 and tokens_left > 0:
             head = self.waiting[0]
-            table = self.blocks.allocate(head.token_ids, len(head.token_ids), head.cache_salt, spare)
+            # A prompt whose context logits go back is computed whole: its cached prefix would have none.
+            table = self.blocks.allocate(head.token_ids, len(head.token_ids), head.cache_salt, spare,
+                                         reuse=not head.wants_prompt_logits)
             if table is None:
                 break
             head.blocks, head.num_computed = table, table.cached_tokens
@@ -125,8 +127,11 @@ class Scheduler:
 
 def prefill_groups(sequences: list[Sequence], forward_cost_tokens: float) -> list[list[Sequence]]:
     """Admitted prompts' chunks split into left-padded forwards: the split that computes fewest padded tokens, a
-    forward counted as `forward_cost_tokens` more (`ModelRunner.prefill_forward_cost_tokens`)."""
+    forward counted as `forward_cost_tokens` more (`ModelRunner.prefill_forward_cost_tokens`). A chunk whose logits
+    at every token go back (context logits) has a forward of its own."""
+    alone = [[sequence] for sequence in sequences if sequence.wants_prompt_logits]
+    sequences = [sequence for sequence in sequences if not sequence.wants_prompt_logits]
     if not sequences:
-        return []
+        return alone
     groups = padded_groups([sequence.prefill_len for sequence in sequences], forward_cost_tokens)
-    return [[sequences[row] for row in group] for group in groups]
+    return [[sequences[row] for row in group] for group in groups] + alone
