@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/ensemble_cancel_flood.py [--seconds 20] [--rows 64] [--max-tokens 2000] [--flooders 1]
     .venv/bin/python bench/ensemble_cancel_flood.py --model tensorrt_llm --stop-row --no-cancel   # a `stop` row
+    .venv/bin/python bench/ensemble_cancel_flood.py --cancel-once --rows 1 --max-tokens 400 --executor transformers
 
 Starts `trtllm-triton serve --executor synthetic` (the project repository: `ensemble` is a one-step Triton ensemble
 over `tensorrt_llm`). `--flooders` threads each loop: open a gRPC stream, send one `ensemble` request of `--rows`
@@ -10,6 +11,8 @@ Triton 2.51 checks an ensemble's cancellation only between its steps, so `tensor
 Meanwhile a victim sends one 8-token `tensorrt_llm` request every 0.1 s and records whether it was served and its
 time to last token; the model's `nv_llm_open_requests` is sampled each second. Prints a summary; `--json` writes it.
 `--model tensorrt_llm` sends the flood there directly; `--stop-row` makes its row 0 a `stop` (for an id not in flight).
+`--cancel-once`: no flood, no victim; one request of `--rows` rows, cancelled at its first response; prints how long
+after the cancel the model's open requests reach 0 (`--executor` picks the engine).
 """
 
 from __future__ import annotations
@@ -67,6 +70,27 @@ def victim(url: str, stop: threading.Event, outcomes: list) -> None:
         result = stream_once(url, "tensorrt_llm", token_inputs([7], 8), timeout_s=30)
         outcomes.append((result.errors[0][:60] if result.errors else None, time.monotonic() - started))
         time.sleep(0.1)
+
+
+def cancel_once(rows: int, max_tokens: int, model: str, executor: str, parameters: dict[str, str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ensemble-cancel-") as workdir:
+        server = start_server(Path(workdir), executor=executor, parameters=parameters)
+        try:
+            client = StreamClient(server.grpc_url)
+            result = client.send(model, ensemble_rows(rows, max_tokens), "cancelled")
+            while not result.responses and not result.errors:
+                time.sleep(0.005)
+            client.cancel()
+            cancelled = time.monotonic()
+            client.close()
+            while scrape(server.metrics_url).value("nv_llm_open_requests", model="tensorrt_llm") and \
+                    time.monotonic() - cancelled < 600:
+                time.sleep(0.2)
+            ended_s = time.monotonic() - cancelled
+        finally:
+            server.stop()
+    return {"rows": rows, "max_tokens": max_tokens, "model": model, "executor": executor, "parameters": parameters,
+            "open_requests_at_0_after_cancel_s": round(ended_s, 1)}
 
 
 def run(seconds: float, rows: int, max_tokens: int, flooders: int, parameters: dict[str, str],
@@ -130,11 +154,16 @@ def main() -> int:
     parser.add_argument("--no-cancel", action="store_true", help="flooders keep their requests to the end")
     parser.add_argument("--model", choices=["ensemble", "tensorrt_llm"], default="ensemble")
     parser.add_argument("--stop-row", action="store_true", help="row 0 of each flood request is a `stop`")
+    parser.add_argument("--cancel-once", action="store_true", help="one request, cancelled at its first response")
+    parser.add_argument("--executor", default="synthetic", help="with --cancel-once: the engine")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     parameters = dict(p.split("=", 1) for p in args.param)
-    report = run(args.seconds, args.rows, args.max_tokens, args.flooders, parameters, cancel=not args.no_cancel,
-                 model=args.model, stop_row=args.stop_row)
+    if args.cancel_once:
+        report = cancel_once(args.rows, args.max_tokens, args.model, args.executor, parameters)
+    else:
+        report = run(args.seconds, args.rows, args.max_tokens, args.flooders, parameters, cancel=not args.no_cancel,
+                     model=args.model, stop_row=args.stop_row)
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:
