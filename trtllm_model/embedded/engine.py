@@ -163,6 +163,10 @@ class Engine:
             self._open_step.clear()
             return steps
 
+    def post(self, steps: list[Step]) -> None:
+        """Hand out steps made beside the engine (a guided request refused or cancelled before it got here)."""
+        self._publish(steps)
+
     def take_stats(self) -> list[IterationStats]:
         with self._lock:
             stats = list(self._stats)
