@@ -8,10 +8,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
+from conftest import start_server
 from openai import AsyncOpenAI, OpenAI
 from openai_server import start_openai_server
 from prometheus_text import scrape
+from triton_client import StreamClient, stream_once, token_inputs
 
 pytestmark = pytest.mark.e2e
 
@@ -95,43 +98,29 @@ def test_a_prompt_over_max_num_tokens_is_answered_on_an_idle_server(served):
     assert completion.usage.prompt_tokens == 2100 and completion.usage.completion_tokens == 2
 
 
-async def _newcomer_beside_a_long_prefill(base_url: str) -> tuple[list[str], bool]:
-    """A 3,000-token prompt streams; once it is prefilling, a 4-token completion is sent. (the newcomer's text, whether
-    the long prompt had a token when the newcomer ended)."""
-    client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
-    long_started = asyncio.Event()
 
-    async def long_prompt() -> None:
-        stream = await client.completions.create(model="tensorrt_llm", prompt=[1000 + (i * 7919) % 40000
-                                                                               for i in range(3000)],
-                                                 max_tokens=4, stream=True, extra_body={"ignore_eos": True})
-        try:
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].text:
-                    long_started.set()
-        finally:
-            await stream.close()  # closing the connection cancels the request
-
+def test_a_request_is_answered_between_a_long_prompts_prefill_chunks(tmp_path):
+    """While a 3,000-token prompt prefills in chunks (max_num_tokens 128: at least 24 of them), a newcomer is admitted,
+    prefilled and decoded between its chunks: its whole answer comes before the long prompt's first token. It waited
+    for the whole prefill (35 s for 4,096 tokens on a 2-core CPU) when partial prefills took every step's tokens."""
+    server = start_server(tmp_path, executor="transformers", models=("tensorrt_llm",),
+                          parameters={"max_num_tokens": "128"})
+    long_client, new_client = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
     try:
         # A short request first: the engine has a decode-only step's time to size prompt chunks against.
-        await client.completions.create(model="tensorrt_llm", prompt="Hello", max_tokens=8)
-        long_task = asyncio.create_task(long_prompt())
-        await asyncio.sleep(2)  # it is queued and prefilling by now (its prefill takes far longer)
-        newcomer = await client.completions.create(model="tensorrt_llm", prompt="The capital of France is",
-                                                   max_tokens=4, extra_body={"ignore_eos": True})
-        long_had_a_token = long_started.is_set()
-        long_task.cancel()
-        await asyncio.gather(long_task, return_exceptions=True)
+        assert stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 504, 3575], 8), timeout_s=120).errors == []
+        long = long_client.send("tensorrt_llm", token_inputs([1000 + (i * 7919) % 40000 for i in range(3000)], 1),
+                                "long")
+        time.sleep(1)  # it is admitted and prefilling by now (its prefill takes far longer)
+        newcomer = new_client.send("tensorrt_llm", token_inputs([1, 504, 3575, 314, 2866], 4,
+                                                                min_tokens=(4, np.int32)), "newcomer")
+        newcomer.wait(300)
+        long_had_a_token = bool(long.responses)
+        long.wait(300)
     finally:
-        await client.close()
-    return [choice.text for choice in newcomer.choices], long_had_a_token
-
-
-def test_a_request_is_answered_between_a_long_prompts_prefill_chunks(served):
-    """While a 3,000-token prompt prefills in chunks, a newcomer is admitted, prefilled and decoded between its
-    chunks: its whole answer comes before the long prompt's first token (it waited for the whole prefill, 35 s for
-    4,096 tokens on a 2-core CPU, when partial prefills took every step's prompt tokens)."""
-    _server, base_url = served
-    texts, long_had_a_token = asyncio.run(_newcomer_beside_a_long_prefill(base_url))
-    assert len(texts) == 1 and texts[0]
+        long_client.close()
+        new_client.close()
+        server.stop()
+    assert newcomer.errors == [] and len(newcomer.tokens()) == 4
+    assert long.errors == [] and len(long.tokens()) == 1
     assert not long_had_a_token, "the newcomer was answered only after the long prompt's prefill"

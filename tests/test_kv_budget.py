@@ -102,6 +102,26 @@ def tokens_of(steps: list[Step]) -> list[int]:
     return [token for step in steps for token in step.token_ids]
 
 
+def test_a_newcomer_is_prefilled_beside_a_partly_prefilled_long_prompt():
+    """A 1,000-token prompt prefills 64 tokens a step; a 100-token newcomer joins with half of a step and the two then
+    share each step (what the newcomer's last chunk leaves goes to the long one), so the newcomer's prompt is done
+    in 4 steps while the long one goes on: a prefill in progress no longer takes every step's tokens."""
+    s = scheduler(num_blocks=400)
+    long, newcomer = sequence(1, 1000, 4), sequence(2, 100, 4, first_token=5000)
+    s.add(long)
+    assert s.admit([], prompt_tokens=64) == [long] and long.prefill_len == 64
+    long.num_computed = long.prefill_end
+    s.add(newcomer)
+    steps = 0
+    while newcomer.num_computed < 100:
+        scheduled = s.admit([], prompt_tokens=64)
+        assert long in scheduled and newcomer in scheduled and sum(seq.prefill_len for seq in scheduled) == 64
+        for seq in scheduled:
+            seq.num_computed = seq.prefill_end
+        steps += 1
+    assert steps == 4 and long.num_computed == 64 + 32 + 32 + 32 + 60
+
+
 def test_the_default_budget_and_the_parameter(loaded):
     executor = new_executor(loaded)
     try:
