@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from conftest import start_server
 from openai import AsyncOpenAI, OpenAI
-from openai_server import start_openai_server
 from prometheus_text import scrape
 from triton_client import StreamClient, stream_once, token_inputs
 
@@ -23,10 +22,8 @@ TOPICS = ["a lighthouse", "tea", "a robot", "aqueducts", "Mars", "bees", "a drag
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    server, base_url = start_openai_server(tmp_path_factory.mktemp("scheduling"), "transformers")
-    yield server, base_url
-    server.stop()
+def served(smollm2_openai_server):
+    return smollm2_openai_server
 
 
 async def _chats_running_at_once(base_url: str, metrics_url: str) -> tuple[list[float | None], list[str], float]:

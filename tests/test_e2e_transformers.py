@@ -6,22 +6,17 @@ import time
 
 import numpy as np
 import pytest
-from conftest import start_server
 from greedy_reference import generate_with_logits, parting
 from triton_client import StreamClient, stream_once, text_inputs, token_inputs
 
 pytestmark = pytest.mark.e2e
 
-SLOTS = 2
+SLOTS = 4  # the shared server's max_batch_size (conftest.smollm2_server)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    server = start_server(
-        tmp_path_factory.mktemp("transformers"), executor="transformers", parameters={"max_batch_size": str(SLOTS)}
-    )
-    yield server
-    server.stop()
+def server(smollm2_server):
+    return smollm2_server
 
 
 def _longest_gap_beside(url: str, prompt: list[int], context_logits: bool) -> float:
@@ -90,7 +85,7 @@ def test_cancelled_streams_free_their_batch_slots(server):
     started = time.monotonic()
     probe = stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 504], 1), timeout_s=60)
     assert probe.errors == [] and len(probe.tokens()) == 1
-    # With both slots still held the probe would wait for two 4000-token requests: many minutes on this CPU (about
+    # With the slots still held the probe would wait for the 4000-token requests: many minutes on this CPU (about
     # 10 tokens/s per sequence). Freed, it takes one prefill and one step, a few seconds even on a busy machine.
     assert time.monotonic() - started < 60
 

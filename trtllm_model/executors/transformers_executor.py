@@ -271,6 +271,8 @@ class TransformersExecutor(Executor):
 
     def shutdown(self) -> None:
         self.engine.stop()
+        if self._guides is not None:
+            self._guides.close()
 
     def iteration_stats(self) -> list[IterationStats]:
         return self.engine.take_stats()
