@@ -260,3 +260,12 @@ def unary_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("unary"), executor="synthetic", serve_args=["--decoupled", "false"])
     yield server
     server.stop()
+
+
+@pytest.fixture
+def busy_core():
+    """One process spinning on a core beside the test, as a busy CI node or a neighbour on the host would."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    yield spinner
+    spinner.kill()
+    spinner.wait()

@@ -107,6 +107,8 @@ class StreamClient:
         self.channel = grpc.insecure_channel(url)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         self.results: dict[str, StreamResult] = {}
+        self.call_ended = threading.Event()  # the gRPC call itself ended (closed, cancelled, or the server went away)
+        self.call_code: grpc.StatusCode | None = None  # how it ended, when the server ended it
         self._requests: queue.Queue = queue.Queue()
         self._call = self.stub.ModelStreamInfer(iter(self._requests.get, None))
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -130,8 +132,10 @@ class StreamClient:
                 if final is not None and final.bool_param:
                     target.finals += 1
                     target.done.set()
-        except grpc.RpcError:
-            pass  # stream closed or cancelled
+        except grpc.RpcError as exc:  # stream closed or cancelled, or the server went away
+            self.call_code = exc.code()
+        finally:
+            self.call_ended.set()
 
     def send(self, model: str, inputs, request_id: str, parameters: dict | None = None,
              outputs: list[str] | None = None) -> StreamResult:

@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from .http_guard import HttpGuard, Route
+from .process_watch import LostStubWatch, end_process_group
 from .server import (
     ADMIN_HEADER,
     ADMIN_KEY_ENV,
@@ -45,6 +46,15 @@ SIGNAL_SETTLE_S = 0.2
 # tritonserver 2.51 does not exit while a client keeps a gRPC stream open that carried a request (the model stays
 # live until the stream closes, even past "Exit timeout expired"): `serve` kills it this long after its exit timeout.
 EXIT_KILL_MARGIN_S = 5.0
+# Time the processes tritonserver started get to end on their own after it exited (an engine worker leaves once its
+# last stub has: 0.3 s on the 2-core machine), before they are killed.
+GROUP_EXIT_GRACE_S = 3.0
+# How long a stop waits for the models to unload before it signals tritonserver (a client holding its stream open
+# keeps a model from ever unloading).
+UNLOAD_SETTLE_S = 5.0
+# After a stub was lost, the time the other models get to unload (the lost one's model never does) before the server
+# is killed.
+LOST_STUB_SETTLE_S = 2.0
 
 
 def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | None = None,
@@ -119,10 +129,28 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)  # its own process group: the stubs go with it
 
+    def stop_on_lost_stub():
+        # A stub that died while the server runs (killed, crashed): Triton 2.51 neither restarts it nor answers the
+        # requests it held, and its model can never unload. Only the server's end ends those streams: the other
+        # models unload first (their streams get their final responses), then the process group goes.
+        lost = LostStubWatch(process.pid).wait_lost(stopping)
+        if not lost or stopping.is_set():
+            return
+        stopping.set()
+        names = ", ".join(f"{stub.instance or '(not known)'} (pid {stub.pid})" for stub in lost)
+        print(f"trtllm-triton: the Python backend stub of model instance {names} ended while serving (killed or "
+              "crashed); Triton cannot answer its open requests nor restart it, so tritonserver is stopped (exit 1): "
+              "start it again, or let your supervisor do it", file=sys.stderr, flush=True)
+        killed.set()
+        unload_models(connect_host, options.http_port, options.admin_key, settle_s=LOST_STUB_SETTLE_S)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
     if wait_until_ready(process, connect_host, options.http_port, ready_timeout_s):
         print(ready_banner(connect_host, options), flush=True)
+        threading.Thread(target=stop_on_lost_stub, name="lost-stub-watch", daemon=True).start()
     elif process.poll() is None:
         print(f"trtllm-triton: server not ready after {ready_timeout_s:.0f} s; stopping it", file=sys.stderr)
         process.terminate()
@@ -135,6 +163,16 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         code = process.wait()
         return 1 if killed.is_set() else code
     finally:
+        stopping.set()
+        if process.poll() is None:  # serve itself failed: its server goes with it
+            process.kill()
+            process.wait()
+        # However tritonserver ended, nothing it started outlives it: a stub it did not finalize (an exit timeout
+        # that ran out, a crash) ignores SIGTERM, and would keep its shared engine worker decoding.
+        left = end_process_group(process.pid, GROUP_EXIT_GRACE_S)
+        if left:
+            print(f"trtllm-triton: killed what tritonserver left running (pids {', '.join(map(str, left))})",
+                  file=sys.stderr, flush=True)
         if frontend is not None:
             stop_process(frontend)
         guard.close()
@@ -185,12 +223,18 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
         process.wait()
 
 
-def loaded_models(host: str, http_port: int, key: str, timeout_s: float = 5.0) -> list[str]:
-    """Names of the models the server has loaded (READY in its repository index, which asks for the admin key)."""
+def model_states(host: str, http_port: int, key: str, timeout_s: float = 5.0) -> dict[str, str]:
+    """Each model of the server's repository index and its state (READY, UNLOADING, UNAVAILABLE, ...); the index asks
+    for the admin key."""
     request = urllib.request.Request(f"http://{host}:{http_port}/v2/repository/index", data=b"{}", method="POST",
                                      headers=admin_headers(key))
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return [model["name"] for model in json.loads(response.read()) if model.get("state") == "READY"]
+        return {model["name"]: model.get("state", "") for model in json.loads(response.read())}
+
+
+def loaded_models(host: str, http_port: int, key: str, timeout_s: float = 5.0) -> list[str]:
+    """Names of the models the server has loaded (READY in its repository index)."""
+    return [name for name, state in model_states(host, http_port, key, timeout_s).items() if state == "READY"]
 
 
 def ready_banner(host: str, options: ServerOptions) -> str:
@@ -211,7 +255,7 @@ def ready_banner(host: str, options: ServerOptions) -> str:
     )
 
 
-def unload_models(host: str, http_port: int, key: str, settle_s: float = 5.0) -> None:
+def unload_models(host: str, http_port: int, key: str, settle_s: float = UNLOAD_SETTLE_S) -> None:
     """Ask the server to unload every ready model, and wait (bounded) until none is ready."""
     base = f"http://{host}:{http_port}/v2/repository"
 
@@ -221,8 +265,13 @@ def unload_models(host: str, http_port: int, key: str, settle_s: float = 5.0) ->
                                              headers=admin_headers(key))
             with contextlib.suppress(OSError):  # unload answers when done; open streams may hold it: don't wait
                 urllib.request.urlopen(request, timeout=0.5).close()
+        # Until every model has unloaded, not only stopped being ready: a decoupled model unloads once its streams'
+        # final responses have left (and their clients let go). Signalled while a stream still waited for its final,
+        # tritonserver once left it without one and the model live until its exit timeout (1 of 3 runs of
+        # test_serve_instances_2_shares_one_worker_and_a_stop_with_streams_on_both_ends_cleanly with a busy core).
         deadline = time.monotonic() + settle_s
-        while loaded_models(host, http_port, key, timeout_s=2) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and any(
+                state in ("READY", "UNLOADING") for state in model_states(host, http_port, key, timeout_s=2).values()):
             time.sleep(0.1)
         time.sleep(0.5)  # let the models' final responses leave
     except OSError:

@@ -42,6 +42,7 @@ class Poller:
         on_finished: Callable[[RequestContext], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
         unloading: Callable[[], bool] | None = None,
+        on_unload: Callable[[], None] | None = None,
         stop_by_request_id: bool = True,
     ) -> None:
         self.executor = executor
@@ -49,11 +50,14 @@ class Poller:
         self.max_open_requests = max_open_requests
         self.on_finished = on_finished
         self.on_failure = on_failure
+        self.on_unload = on_unload
         # NVIDIA's `stop` input ends the requests in flight under its request id, whoever sends it: Triton tells the
         # model nothing about the caller (no connection, peer or stream), so any client that knows or guesses an id
         # can end another's stream. False refuses every `stop` (docs/security.md); clients cancel their own request.
         self.stop_by_request_id = stop_by_request_id
         self.failure: str | None = None
+        self._shutdown_lock = threading.Lock()
+        self._shut_down = False
         self._lock = threading.Lock()
         self._open: dict[int, RequestContext] = {}
         # Triton request id -> the requests in flight under it (several for a batched request), for `stop`.
@@ -280,18 +284,23 @@ class Poller:
 
     # -- shutdown and failure ----------------------------------------------------------------------------------
     def shutdown(self, reason: str = "model is shutting down", timeout_s: float = 10.0) -> None:
-        """End every open stream with UNAVAILABLE, stop the executor and join every thread."""
-        with self._lock:
-            self._accepting = False
-        self._fail_all(ErrorCode.UNAVAILABLE, reason)
-        self.watch.stop()
-        # Not waited for: a guide still compiling ends in a refusal (no longer accepting) when its enqueue returns.
-        self._admission.shutdown(wait=False)
-        try:
-            self.executor.shutdown()
-        except Exception:
-            log.exception("executor shutdown failed")
-        self.dispatcher.stop(timeout_s)  # workers deliver what is ready (the failures above), then exit
+        """End every open stream with UNAVAILABLE, stop the executor and join every thread. Once only: a second call
+        waits for the first to end."""
+        with self._shutdown_lock:
+            if self._shut_down:
+                return
+            with self._lock:
+                self._accepting = False
+            self._fail_all(ErrorCode.UNAVAILABLE, reason)
+            self.watch.stop()
+            # Not waited for: a guide still compiling ends in a refusal (no longer accepting) when its enqueue returns.
+            self._admission.shutdown(wait=False)
+            try:
+                self.executor.shutdown()
+            except Exception:
+                log.exception("executor shutdown failed")
+            self.dispatcher.stop(timeout_s)  # workers deliver what is ready (the failures above), then exit
+            self._shut_down = True
 
     def _fail_all(self, code: ErrorCode, message: str) -> None:
         with self._lock:
@@ -320,6 +329,11 @@ class Poller:
         if first:
             log.warning("model is being unloaded: ending %d open streams", self.open_requests)
         self._fail_all(ErrorCode.UNAVAILABLE, "model is shutting down")
+        if first and self.on_unload is not None:
+            try:
+                self.on_unload()
+            except Exception:
+                log.exception("on_unload hook failed")
 
     # -- routing (dispatch calls these) ------------------------------------------------------------------------
     def _route(self, steps: list[Step]) -> list[tuple[RequestContext, Step]]:
