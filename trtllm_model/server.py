@@ -121,9 +121,11 @@ def restricted_api_args(key: str) -> list[str]:
 # tritonserver trying them at every start and logging the failures as errors and warnings.
 CPU_HOST_ARGS = ("--pinned-memory-pool-byte-size=0", "--allow-gpu-metrics=false")
 # What tritonserver 2.51 (built with GPU support) still logs as errors on such a host, with no flag to turn it off:
-# its CUDA driver check at start and the copy stream each ensemble asks for. Both are harmless without a GPU;
-# `serve` leaves those lines out there (cli.forward_output) and says so once.
-CPU_HOST_NOISE = ('"CudaDriverHelper has not been initialized."', '"unable to create stream for ')
+# its CUDA driver check at start and the copy stream each ensemble asks for, and the warning on the first request that
+# there is no pinned-memory pool (there is none by choice). All are harmless without a GPU; `serve` leaves those lines
+# out there (cli.forward_output) and says so once.
+CPU_HOST_NOISE = ('"CudaDriverHelper has not been initialized."', '"unable to create stream for ',
+                  '"failed to allocate pinned system memory: no pinned memory pool')
 
 
 def cuda_driver_present() -> bool:
