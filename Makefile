@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint clean
+.PHONY: serve test test-quick lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The edit-test loop: every test that starts no tritonserver (those are marked e2e; conftest refuses a server to
+# an unmarked test). `make test` stays the whole suite.
+test-quick: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -12,7 +12,7 @@ Each level runs max(level, --prompts) prompts, and the static batches are measur
 --repeat N measures every row N times (the executor's levels and the baselines alternate run by run) and reports the
 median with the spread (max - min) / median. --rounds R makes each measurement R rounds of the same work back to
 back (tokens and seconds summed; default 5 on CUDA, 1 on CPU): a 256-stream round on a GPU lasts about 0.2 s, so one
-stall of the host's moves a one-round figure by a third (docs/performance.md, "Spread").
+stall of the host's moves a one-round figure by a third (docs/history/2026-12-05-engine-host-work-and-cpu-dtype.md, "The spread, measured longer").
 Tokens/s counts generated tokens only. Run: `.venv/bin/python bench/engine.py` (about 10 minutes on 2 CPU cores);
 shorter: `--max-tokens 16 --prompts 8 --levels 1,8`. On a GPU (bench/gpu/run_on_gpu.sh engine ...):
 `--device cuda --levels 1,32,128,256 --prompts 8 --sequential-prompts 8 --repeat 3`.

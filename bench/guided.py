@@ -40,7 +40,7 @@ SCHEMA = {
             "items": {
                 "type": "object",
                 # No maxLength: xgrammar fills a bounded string's mask slowly (about 11 ms a row mid-string on
-                # this machine, against 0.03 ms unbounded; docs/performance.md).
+                # this machine, against 0.03 ms unbounded; docs/history/2026-12-02-03-serving-layer-and-first-gpu-host.md).
                 "properties": {"topic": {"type": "string"}, "score": {"type": "integer"}, "done": {"type": "boolean"}},
                 "required": ["topic", "score", "done"],
                 "additionalProperties": False,

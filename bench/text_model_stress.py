@@ -1,5 +1,5 @@
 """Stress a text-level model: N closed-loop gRPC streams of short requests against the synthetic executor. On
-`tensorrt_llm_bls` (a BLS relay, as `ensemble` was until 2026-12-03) it reproduces the stall of docs/performance.md
+`tensorrt_llm_bls` (a BLS relay, as `ensemble` was until 2026-12-03) it reproduces the stall of docs/history/2026-12-02-03-serving-layer-and-first-gpu-host.md
 ("Server fault seen under this load": a deadlock inside Triton 2.51's Python stub, all streams stop with both stubs
 alive); `ensemble`, now a Triton ensemble, has no stub to stall.
 

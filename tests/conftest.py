@@ -25,6 +25,14 @@ from trtllm_model.server import ADMIN_KEY_ENV, DEFAULT_REPOSITORY, admin_headers
 
 TESTS_DIR = Path(__file__).resolve().parent
 
+# Whether the test being set up is marked e2e; None outside pytest (bench scripts call start_server too).
+_test_is_e2e: bool | None = None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _test_is_e2e
+    _test_is_e2e = item.get_closest_marker("e2e") is not None
+
 
 @dataclass
 class Server:
@@ -119,6 +127,8 @@ def start_server(
     choice on a GPU host); `cwd` is the server's working directory; `new_session` starts it in its own process
     group, as a terminal or systemd would; the OpenAI frontend runs only with an `openai_port`
     (tests/test_e2e_openai*.py wait for it themselves)."""
+    if _test_is_e2e is False:  # `make test-quick` runs `-m "not e2e"` and must start no server
+        raise RuntimeError("a test that starts tritonserver is marked e2e (pytestmark = pytest.mark.e2e)")
     server_args = [*os.environ.get("TRITON_SERVER_ARGS", "").split(), *(server_args or [])]
     workdir.mkdir(parents=True, exist_ok=True)
     if repository is None:

@@ -18,6 +18,8 @@ from prometheus_text import parse
 from triton_client import as_inputs
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+pytestmark = pytest.mark.e2e
+
 MODELS = ("tensorrt_llm", "ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls")
 PROMPT = "The capital of France is Answer briefly."
 LABELS = {"model": "tensorrt_llm", "version": "1"}

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import openai
 import psutil
@@ -275,6 +276,18 @@ def test_model_not_ready_is_503(client, served):
     finally:
         requests.post(f"{repository}/load", json={}, headers=server.admin_headers, timeout=120).raise_for_status()
     assert client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=2).choices[0].message.content
+
+
+def test_the_frontend_process_holds_no_admin_key_and_still_lists_and_serves(client, served):
+    """The frontend `serve` starts finds its models without the repository index (restricted to the admin key), so
+    its process is given no key: none in its environment, whatever serve's own environment holds."""
+    server = served[0]
+    (frontend,) = [child for child in psutil.Process(server.process.pid).children(recursive=True)
+                   if "openai" in child.cmdline()]
+    environment = Path(f"/proc/{frontend.pid}/environ").read_bytes()
+    assert ADMIN_KEY_ENV.encode() not in environment and server.admin_key.encode() not in environment
+    assert "tensorrt_llm" in [model.id for model in client.models.list().data]
+    assert client.completions.create(model="tensorrt_llm", prompt="abc", max_tokens=3).choices[0].text == "def"
 
 
 def frontend_metrics(base_url: str):

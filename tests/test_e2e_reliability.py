@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 import yaml
 from conftest import start_server
 from prometheus_text import scrape
-from triton_client import StreamClient, stream_once, tensor, text_inputs, token_inputs
+from triton_client import StreamClient, stream_once, tensor, text_inputs, token_inputs, wait_until_streaming
 
 from trtllm_model.executors.synthetic import synthetic_token
 
@@ -161,6 +161,31 @@ def test_stop_input_cancels_the_request_with_that_id_which_ends_normally_with_re
         stopper.close()
     assert_slots_free(server)
     assert_nothing_held(server)
+
+
+def test_with_stop_by_request_id_off_another_clients_stop_is_refused_and_the_stream_goes_on(tmp_path):
+    # Triton tells the model nothing about who sends a `stop` (no connection, peer or stream): with the Kubernetes
+    # deployments' stop_by_request_id=false, a stop for id "1" from another connection ends nothing (it ended the
+    # stream before); the owner still ends its request by cancelling it.
+    server = start_server(tmp_path, parameters={"synthetic_step_ms": str(STEP_MS), "stop_by_request_id": "false"})
+    victim_client, stopper = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
+    try:
+        victim = victim_client.send("tensorrt_llm", token_inputs([1], 4000), "1")
+        wait_until_streaming([victim], 30)
+        stop = stopper.send("tensorrt_llm", [tensor("stop", True, np.bool_)], "1").wait(30)
+        assert stop.finals == 1 and len(stop.errors) == 1
+        assert "UNSUPPORTED" in stop.errors[0] and "stop_by_request_id=false" in stop.errors[0], stop.errors
+        before = len(victim.responses)
+        time.sleep(0.5)
+        assert not victim.done.is_set(), f"another client's stop ended the stream: {victim.errors}"
+        assert len(victim.responses) > before, "the stream stopped receiving tokens"
+        assert victim.tokens() == expected([1], len(victim.tokens()))
+        victim_client.cancel()
+        assert_nothing_held(server, timeout_s=30)  # the owner's cancel ends it
+    finally:
+        victim_client.close()
+        stopper.close()
+        server.stop()
 
 
 def test_a_stop_cannot_reach_a_stream_forwarded_by_the_bls_model(server):

@@ -213,3 +213,48 @@ def test_configure_refuses_gpu_groups_that_do_not_match_the_instances(tmp_path, 
 def _pbtxt_parameters(text: str) -> dict:
     pairs = re.findall(r'key: "([^"]+)"\s*value: \{ string_value: "([^"]*)" \}', text)
     return {"parameters": {key: {"string_value": value} for key, value in pairs}}
+
+
+# -- the instance count `serve` chooses from the machine ----------------------------------------------------------
+@pytest.mark.parametrize(("executor", "device", "engine_process", "cores", "count"), [
+    ("transformers", "cuda", True, 16, 4),  # the GPU machine: four stubs over one engine worker
+    ("transformers", "cuda:1", True, 64, 4),  # at most four
+    ("transformers", "cuda", True, 8, 2),
+    ("transformers", "cuda", True, 2, 1),
+    ("transformers", "cuda", False, 16, 1),  # the engine on a stub's thread: instances would not share it
+    ("transformers", "cpu", False, 16, 1),
+    ("trtllm_engine", "cpu", False, 16, 1),  # one TensorRT-LLM executor an instance
+    ("synthetic", "cpu", False, 16, 1),
+])
+def test_default_instance_count_follows_device_and_cores(executor, device, engine_process, cores, count):
+    assert instances.default_instance_count(executor, device, engine_process, cores) == count
+
+
+def test_serve_chooses_four_instances_for_the_embedded_engine_on_cuda_and_says_so(monkeypatch, capsys):
+    from trtllm_model import cli
+    from trtllm_model.server import DEFAULT_REPOSITORY
+
+    monkeypatch.setattr(instances, "usable_cores", lambda: 16)
+    assert cli.machine_instances(DEFAULT_REPOSITORY, {"device": "cuda"}, None) == 4
+    banner = capsys.readouterr().out
+    assert "4 instances of tensorrt_llm over one engine worker" in banner and "--instances N" in banner
+    # The shipped CPU default, another executor, or the engine on the stub's thread: as the repository says.
+    assert cli.machine_instances(DEFAULT_REPOSITORY, {}, None) is None
+    assert cli.machine_instances(DEFAULT_REPOSITORY, {"device": "cuda"}, "synthetic") is None
+    assert cli.machine_instances(DEFAULT_REPOSITORY, {"device": "cuda", "engine_process": "false"}, None) is None
+    assert capsys.readouterr().out == ""
+
+
+def test_serve_keeps_an_instance_count_the_repository_sets(monkeypatch, tmp_path):
+    import shutil
+
+    from trtllm_model import cli
+    from trtllm_model.configure import with_instances
+    from trtllm_model.server import DEFAULT_REPOSITORY
+
+    monkeypatch.setattr(instances, "usable_cores", lambda: 16)
+    repository = tmp_path / "repo"
+    shutil.copytree(DEFAULT_REPOSITORY, repository)
+    config = repository / "tensorrt_llm" / "config.pbtxt"
+    config.write_text(with_instances(config.read_text(), 2, None))
+    assert cli.machine_instances(repository, {"device": "cuda"}, None) is None

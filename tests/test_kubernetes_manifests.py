@@ -301,6 +301,17 @@ def test_tritonserver_runs_with_the_model_repository_api_restricted_to_the_secre
     assert f"--grpc-restricted-protocol={protocols}:{ADMIN_HEADER}={SECRET_KEY}" in line, line
 
 
+@pytest.mark.parametrize("directory", ["cpu", "gpu", "gpu-multi", "multinode"])
+def test_tensorrt_llm_is_served_with_stop_by_request_id_off(directory, tmp_path, monkeypatch):
+    """Triton tells the model nothing about who sends a `stop`: in these deployments a stop may not end another
+    client's stream by its id (docs/security.md)."""
+    (container,) = triton_containers(directory)
+    line = tritonserver_command_line(container, tmp_path, monkeypatch)
+    (repository,) = [arg.split("=", 1)[1] for arg in line if arg.startswith("--model-repository=")]
+    config = (Path(repository) / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert re.search(r'key: "stop_by_request_id"\s*value: \{ string_value: "false" \}', config), directory
+
+
 def test_an_openai_container_beside_tritonserver_reads_the_same_key_which_must_exist():
     """It lists the models through the restricted repository index: a key made by launch_trtllm.sh would lock it out."""
     checked = 0

@@ -14,14 +14,15 @@ from engine_helpers import run_all
 
 from trtllm_model.embedded import engine as engine_module
 from trtllm_model.embedded.block_manager import BlockManager
-from trtllm_model.embedded.kv_budget import DEFAULT_CPU_KV_CACHE_BYTES
+from trtllm_model.embedded.decode_graphs import graph_outputs_bytes
+from trtllm_model.embedded.kv_budget import DEFAULT_CPU_KV_CACHE_BYTES, PLAN_MARGIN_BYTES, MemoryPlan
 from trtllm_model.embedded.model_loading import load_model
 from trtllm_model.embedded.runner import ModelRunner
 from trtllm_model.embedded.scheduler import Scheduler, SchedulerLimits
 from trtllm_model.embedded.sequence import Sequence
 from trtllm_model.executor_interface import FinishReason, GenerationRequest, RequestRejected, Step
 from trtllm_model.executors.transformers_executor import PARAMETERS, TransformersExecutor, create
-from trtllm_model.params import Params
+from trtllm_model.params import ConfigError, Params
 
 BLOCK = 4  # tokens per block in the scheduler tests
 
@@ -288,3 +289,57 @@ def test_a_server_with_a_small_budget_refuses_what_never_fits_and_queues_the_res
         assert set(max_blocks.values()) == {6}
     finally:
         server.stop()
+
+
+# -- the memory plan on CUDA (kv_budget.MemoryPlan), with a device's memory given to it ------------------------------
+SMOLLM2_VOCAB = 49152
+SMOLLM2_BLOCKS = 8192 // 16  # a sequence's most blocks: max_position_embeddings / block size
+
+
+def smollm2_plan(max_batch_size: int, total_gib: float = 79.1, fraction: float = 0.9) -> MemoryPlan:
+    """A plan for SmolLM2 in bfloat16 on a card of `total_gib`, the graphs estimated as the engine does (decode
+    steps of max_batch_size + GRAPH_PREFILL_ROWS rows, 4 greedy steps, max_num_tokens 8192)."""
+    gib = 1 << 30
+    rows = max_batch_size + engine_module.GRAPH_PREFILL_ROWS
+    decode = rows * SMOLLM2_VOCAB * 4 + (256 << 20)
+    graphs = decode + graph_outputs_bytes(rows, SMOLLM2_BLOCKS, SMOLLM2_VOCAB, 4, max_batch_size, 8192, joined=True)
+    return MemoryPlan(total_bytes=int(total_gib * gib), free_bytes=int((total_gib - 1.2) * gib),
+                      weights_bytes=int(0.27 * gib), prefill_bytes=int(3.5 * gib), decode_bytes=decode,
+                      graph_bytes=graphs, fraction=fraction)
+
+
+def test_the_pool_gets_its_fraction_of_what_activations_and_graphs_leave():
+    plan = smollm2_plan(512)
+    left = plan.free_bytes - max(plan.prefill_bytes, plan.decode_bytes) - plan.graph_bytes - PLAN_MARGIN_BYTES
+    assert plan.pool_bytes == int(left * 0.9)
+    # The old sizing (0.9 of the free memory, nothing set aside) gave the pool what the graphs and the warm-up's
+    # prompt forward then needed: 512 streams failed with CUDA out of memory.
+    needs = plan.pool_bytes + plan.prefill_bytes + plan.graph_bytes
+    assert needs + PLAN_MARGIN_BYTES <= plan.free_bytes
+    assert 0.9 * plan.free_bytes + plan.prefill_bytes + plan.graph_bytes > plan.free_bytes
+
+
+def test_graphs_estimate_grows_with_the_batch_and_counts_every_bucket_output():
+    small, large = (graph_outputs_bytes(rows, SMOLLM2_BLOCKS, SMOLLM2_VOCAB) for rows in (64, 1024))
+    # Power-of-two rows up to the bucket, in each of the 10 widths (1 ... 512 blocks), 4 bytes a logit.
+    assert small == sum(1 << n for n in range(7)) * 10 * SMOLLM2_VOCAB * 4
+    assert large == sum(1 << n for n in range(11)) * 10 * SMOLLM2_VOCAB * 4
+    joined = graph_outputs_bytes(1024, SMOLLM2_BLOCKS, SMOLLM2_VOCAB, 1, 1024, 8192, joined=True)
+    assert joined > large
+
+
+@pytest.mark.parametrize("max_batch_size", [256, 512, 1024])
+def test_large_batches_start_on_an_80_gb_card(max_batch_size):
+    plan = smollm2_plan(max_batch_size)
+    plan.check(bytes_per_block=2 * 30 * 3 * 64 * 2 * 16, max_batch_size=max_batch_size)  # SmolLM2 bfloat16
+    assert plan.pool_bytes > 40 << 30
+
+
+def test_a_batch_that_cannot_fit_is_refused_with_the_numbers():
+    plan = smollm2_plan(1024, total_gib=16.0)
+    with pytest.raises(ConfigError) as refused:
+        plan.check(bytes_per_block=2 * 30 * 3 * 64 * 2 * 16, max_batch_size=1024)
+    message = str(refused.value)
+    for part in ("max_batch_size=1024", "weights", "largest prompt forward", "decode graphs", "KV pool",
+                 "kv_cache_free_gpu_mem_fraction"):
+        assert part in message

@@ -506,7 +506,7 @@ def test_tools_reach_a_template_that_ignores_them_as_a_system_message():
     tool's answer are in the conversation."""
     from trtllm_model.embedded.model_loading import load_tokenizer
     from trtllm_model.openai_frontend.tokenization import chat_prompt_ids
-    from trtllm_model.openai_frontend.tools import tools_system_text
+    from trtllm_model.openai_frontend.tools import conversation, tools_system_text
 
     tokenizer = load_tokenizer()
     request = chat_body(tools=[WEATHER_TOOL], messages=[
@@ -515,7 +515,7 @@ def test_tools_reach_a_template_that_ignores_them_as_a_system_message():
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ])
-    prompt = tokenizer.decode(chat_prompt_ids(tokenizer, request.conversation(),
+    prompt = tokenizer.decode(chat_prompt_ids(tokenizer, conversation(request),
                                               [t.model_dump() for t in request.tools],
                                               tools_system_text(request.tools)))
     assert prompt.startswith("<|im_start|>system\nYou can call these tools") and '"get_weather"' in prompt

@@ -7,10 +7,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from triton_client import stream_once, text_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from ttft_split import describe, gauges, mean_gauges, snapshot, split  # noqa: E402
+
+pytestmark = pytest.mark.e2e
 
 
 def test_three_requests_one_after_another_split_as_sent(synthetic_server):

@@ -169,9 +169,10 @@ def start_openai_frontend(options: ServerOptions, connect_host: str, port: int,
     command.append(f"--model-repository={options.model_repository}")
     if not access_log:
         command.append("--no-access-log")
-    # The frontend lists the models through the restricted repository index: it gets the key, in its environment
-    # (not on its command line, which any local user can read).
-    return subprocess.Popen(command, env={**os.environ, ADMIN_KEY_ENV: options.admin_key})
+    # The frontend finds the models through the repository's folders and their readiness, which need no admin key:
+    # its process is given none (an operator's key in serve's own environment included).
+    environment = {name: value for name, value in os.environ.items() if name != ADMIN_KEY_ENV}
+    return subprocess.Popen(command, env=environment)
 
 
 def stop_process(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
@@ -326,6 +327,32 @@ def checkpoint_assignment(repository: Path, executor: str | None, checkpoint: Pa
     return f"{key}={checkpoint}"
 
 
+def machine_instances(repository: Path, parameters: dict[str, str], executor: str | None) -> int | None:
+    """The instance count this machine serves `repository` with when its tensorrt_llm has the one instance the
+    shipped config gives (instances.default_instance_count), said on stdout with how to change it; None: as it is."""
+    from .configure import INSTANCE_GROUP, MODEL_NAME
+    from .instances import CORES_PER_STUB, MAX_DEFAULT_INSTANCES, default_instance_count, usable_cores
+    from .params import Params
+    from .text_pipeline import config_parameters
+
+    config = repository / MODEL_NAME / "config.pbtxt"
+    group = INSTANCE_GROUP.search(config.read_text()) if config.is_file() else None
+    if group is None or group.group(1) != "1":
+        return None
+    values = {**config_parameters(config), **parameters}
+    params = Params(values, accepted=values.keys())
+    device = params.str("device", "cpu") or "cpu"
+    cores = usable_cores()
+    count = default_instance_count(executor or params.str("executor", "transformers") or "transformers", device,
+                                   params.bool("engine_process", device != "cpu"), cores)
+    if count == 1:
+        return None
+    print(f"trtllm-triton: {count} instances of {MODEL_NAME} over one engine worker ({device}, {cores} cores: a stub "
+          f"for every {CORES_PER_STUB} cores, at most {MAX_DEFAULT_INSTANCES}, so that responses keep up at 256+ "
+          "streams); --instances N to change", flush=True)
+    return count
+
+
 def package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -415,13 +442,18 @@ def main(argv: list[str] | None = None) -> int:
             args.assignments.insert(0, checkpoint_assignment(repository, args.executor, args.model.resolve()))
         except ValueError as exc:
             parser.error(str(exc))
-    if decoupled is not None or args.assignments or args.instances is not None:
-        from .configure import parse_assignments
-        from .params import ConfigError
+    from .configure import parse_assignments
+    from .params import ConfigError
 
+    try:
+        parameters = parse_assignments(args.assignments)
+        instances = args.instances if args.instances is not None else machine_instances(repository, parameters,
+                                                                                        args.executor)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if decoupled is not None or parameters or instances is not None:
         try:
-            parameters = parse_assignments(args.assignments)
-            repository = repository_copy(repository, decoupled, parameters, args.instances, args.executor)
+            repository = repository_copy(repository, decoupled, parameters, instances, args.executor)
         except ConfigError as exc:
             parser.error(str(exc))
     try:

@@ -54,7 +54,7 @@ INT_KEYS = (
 )
 BOOL_KEYS = ("enable_kv_cache_reuse", "enable_chunked_context", "kv_cache_onboard_blocks", "normalize_log_probs",
              "exclude_input_in_output", "decoupled_mode", "add_special_tokens", "skip_special_tokens",
-             "accumulate_tokens")
+             "accumulate_tokens", "stop_by_request_id")
 ENSEMBLE_PLATFORM = re.compile(r'^platform: "ensemble"', re.MULTILINE)
 DECOUPLED_LINE = re.compile(r"model_transaction_policy \{ decoupled: (true|false) \}")
 FRACTION_KEYS = ("kv_cache_free_gpu_mem_fraction", "gpu_weights_percent")

@@ -176,3 +176,28 @@ def _cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count()
+
+
+# One stub's interpreter lock sends a bounded number of responses a second: on an H100 at 256 streams one instance sent
+# 864-925 a second and every 64-token request left in one response; four streamed (docs/performance.md). So on a GPU
+# the embedded engine's instances share one engine worker, a stub for every CORES_PER_STUB cores, at most
+# MAX_DEFAULT_INSTANCES (the engine worker and tritonserver's own threads need the rest).
+CORES_PER_STUB = 4
+MAX_DEFAULT_INSTANCES = 4
+
+
+def default_instance_count(executor: str, device: str, engine_process: bool, cores: int) -> int:
+    """Instances of tensorrt_llm a repository left at one instance is served with (`serve`): several stubs over one
+    engine worker for the embedded engine on CUDA, one anywhere else (the CPU engine shares the host's cores with
+    every stub; TensorRT-LLM executors are one per instance)."""
+    if executor != "transformers" or device == "cpu" or not engine_process:
+        return 1
+    return max(1, min(MAX_DEFAULT_INSTANCES, cores // CORES_PER_STUB))
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity, e.g. a container's cpuset), else the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -121,6 +121,7 @@ class TritonPythonModel:
             max_open_requests=_max_open_requests(model_config, params),
             max_batched_rows=params.int("max_batched_rows_in_flight", minimum=1)
             or default_batched_rows_limit(self.executor.batch_slots),
+            stop_by_request_id=params.bool("stop_by_request_id", True),
             on_failure=self._report_not_ready,
             on_finished=self.metrics.record_finished,
             unloading=unload_check(self.model_name),

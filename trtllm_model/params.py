@@ -33,7 +33,7 @@ NVIDIA_PARAMETERS = frozenset(
 # Ours, common to every executor.
 COMMON_PARAMETERS = frozenset(
     {"executor", "max_batch_size", "max_input_len", "max_output_len", "sender_threads", "apply_chat_template",
-     "max_batched_rows_in_flight"}
+     "max_batched_rows_in_flight", "stop_by_request_id"}
 )
 
 _TRUE = {"true", "1", "yes", "on"}

@@ -42,12 +42,17 @@ class Poller:
         on_finished: Callable[[RequestContext], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
         unloading: Callable[[], bool] | None = None,
+        stop_by_request_id: bool = True,
     ) -> None:
         self.executor = executor
         self.detokenizer_factory = detokenizer_factory
         self.max_open_requests = max_open_requests
         self.on_finished = on_finished
         self.on_failure = on_failure
+        # NVIDIA's `stop` input ends the requests in flight under its request id, whoever sends it: Triton tells the
+        # model nothing about the caller (no connection, peer or stream), so any client that knows or guesses an id
+        # can end another's stream. False refuses every `stop` (docs/security.md); clients cancel their own request.
+        self.stop_by_request_id = stop_by_request_id
         self.failure: str | None = None
         self._lock = threading.Lock()
         self._open: dict[int, RequestContext] = {}
@@ -245,6 +250,11 @@ class Poller:
         return None
 
     def _stop_by_triton_id(self, ctx: RequestContext) -> None:
+        if not self.stop_by_request_id:
+            self._refuse(ctx, ErrorCode.UNSUPPORTED, "stop: ending a request by its id is turned off on this server "
+                         "(stop_by_request_id=false: the id does not show who sent it); cancel the request itself "
+                         "(close its stream, or cancel its call)")
+            return
         if not ctx.triton_request_id:
             self._refuse(ctx, ErrorCode.INVALID_ARG, "stop: needs the request id of the request to cancel")
             return

@@ -11,7 +11,7 @@ the wall time.
 steps then go as on CUDA (static shapes, overlapped steps), so this machine can stand in for a GPU host's Python:
 `.venv/bin/python bench/gpu/iteration_timeline.py tiny 256 15 fake` (the median round is printed last); `DECODE_STEPS=1` sets the
 engine's decode steps an iteration (default: CUDA's, host-only too). `PREFILL_FORWARD_COST`: what
-a prompt forward counts as in `scheduler.prefill_groups`, in tokens (`inf`: every iteration's prompts in one forward). Issue 33's runs of 2026-12-04 (docs/performance.md)
+a prompt forward counts as in `scheduler.prefill_groups`, in tokens (`inf`: every iteration's prompts in one forward). Issue 33's runs of 2026-12-04 (docs/history/2026-12-04-engine-on-the-h200.md)
 ran this script as `.gpu/timeline.py` (the same code, reformatted since).
 """
 

@@ -7,7 +7,7 @@ synchronize, the GPU idle before), GPU ms (the call queued behind a sleep kernel
 
 Variants: the compiled pieces (main), the same uncompiled, compiled with inductor's C++ wrapper (CUDA only),
 attention and pieces compiled as one function a layer (the KV pool written inside it), the whole forward compiled.
-Issue 33's run of 2026-12-04 (docs/performance.md) ran this script as `.gpu/prefill_micro.py` (the same code,
+Issue 33's run of 2026-12-04 (docs/history/2026-12-04-engine-on-the-h200.md) ran this script as `.gpu/prefill_micro.py` (the same code,
 reformatted since; the per-layer variant now runs FusedForward's own loop and _attend, not copies of them).
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The H200 runs behind docs/performance.md's "Streaming at 256 streams on the H200" and "The engine against
+# The H200 runs behind docs/history/2026-12-04-engine-on-the-h200.md's "Streaming through Triton at 256 streams" and "The engine against
 # transformers' compiled generate" (issues 32 and 33), in three device calls of at most 10 minutes each, after
-# the two staging calls of "Reproduce on any GPU host" (bundle/ + numpy/, then model0/):
+# the two staging calls of docs/performance.md, "How to measure" (bundle/ + numpy/, then model0/):
 #
 #   bench/gpu/streaming_and_engine.sh figures .gpu/model1   setup, probe, then bench/e2e.py three times (no profiler)
 #   bench/gpu/streaming_and_engine.sh serving-tests         bench/serving.py --text at 1024 streams three times, then

@@ -15,15 +15,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from . import fused_forward
 from .kv_cache import StepInputs
-
-if TYPE_CHECKING:
-    from .runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +50,7 @@ class DecodeGraphs:
     read is the runner's: its forwards (`_forward`, `_greedy_steps`), its bucket tensors (`_static_copy`,
     `_padding_inputs`) and its KV pool."""
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: Any) -> None:  # a `runner.ModelRunner`, untyped here: runner.py imports this module
         self.runner = runner
         # (rows, width) -> (graph, logits): a bucket's decode forward
         self.forwards: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -84,9 +81,7 @@ class DecodeGraphs:
             return 0
         reserved = [torch.cuda.memory_reserved(runner.device)]  # before, after the powers of two, after joined ones
         most = runner.max_blocks_per_sequence
-        widths = {min(1 << n, most) for n in range(bucket(most).bit_length())}  # as decode() pads them
-        rows_buckets = [1 << n for n in range(bucket(max_rows).bit_length())]
-        buckets = [(rows, width) for rows in rows_buckets for width in widths if rows * width <= runner.pool.num_blocks]
+        buckets = power_buckets(max_rows, most, runner.pool.num_blocks)
         for rows, width in sorted(buckets, key=lambda size: -size[0] * size[1]):
             inputs = runner._static_copy(runner._padding_inputs(rows, width))
             self.logits(inputs)
@@ -192,6 +187,32 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=self.memory_pool, capture_error_mode="thread_local"):
             output = run()
         return graph, output
+
+
+def power_buckets(max_rows: int, most_blocks: int, pool_blocks: int | None = None) -> list[tuple[int, int]]:
+    """The (rows, width) buckets `capture` takes: rows and table widths in powers of two (widths up to a sequence's
+    `most_blocks`, as decode() pads them), those whose rows x width the pool's `pool_blocks` can hold (None: all)."""
+    widths = sorted({min(1 << n, most_blocks) for n in range(bucket(most_blocks).bit_length())})
+    rows_buckets = [1 << n for n in range(bucket(max_rows).bit_length())]
+    return [(rows, width) for rows in rows_buckets for width in widths
+            if pool_blocks is None or rows * width <= pool_blocks]
+
+
+def graph_outputs_bytes(max_rows: int, most_blocks: int, vocab_size: int, greedy_steps: int = 1, greedy_rows: int = 0,
+                        step_rows: int = 0, joined: bool = False) -> int:
+    """What `capture`'s graphs keep allocated in their memory pool between replays, at most: each graph's own float
+    logits (`[rows, vocab]`, one tensor a bucket), the greedy graphs' tokens, and the joined buckets' head rows.
+    Over a long context these outputs, not the forwards' intermediates, are most of the graphs' memory (about 200 KB
+    a row for SmolLM2's vocabulary, in every one of about ten widths)."""
+    row_bytes = vocab_size * 4
+    buckets = power_buckets(max_rows, most_blocks)
+    total = sum(rows * row_bytes for rows, _ in buckets)
+    if greedy_steps > 1:
+        total += sum(greedy_steps * rows * 8 for rows, _ in buckets if rows <= bucket(greedy_rows))
+    if joined and step_rows > bucket(max_rows):
+        head_rows = bucket(greedy_rows or max_rows)
+        total += sum(head_rows * row_bytes for rows in fused_forward.padded_counts(step_rows) if rows > bucket(max_rows))
+    return total
 
 
 def bucket(count: int) -> int:

@@ -347,6 +347,31 @@ class ModelRunner:
             )))
         return True
 
+    def profile_step_peaks(self, max_tokens: int, max_rows: int, decode_rows: int, block_size: int) -> tuple[int, int]:
+        """On CUDA, before the KV pool is sized (vLLM's profile run): the bytes the largest prompt forward (up to
+        `max_tokens` tokens and `max_rows` rows, as the warm-up runs them) and the largest eager decode step
+        (`decode_rows` rows) allocate beyond what is allocated now, run over a pool of a few blocks (padding rows only:
+        they write to the trash block). Leaves that small pool allocated; `allocate_kv_pool` replaces it."""
+        device = self.device
+        self.allocate_kv_pool(8, block_size)
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        if not self.warm_up_prefill(max_tokens, max_rows):
+            width = -(-max_tokens // self.pool.block_size)
+            self._forward(self._on_device(StepInputs(
+                torch.zeros((1, max_tokens), dtype=torch.long), torch.zeros((1, max_tokens), dtype=torch.long),
+                torch.full((max_tokens,), TRASH_BLOCK * self.pool.block_size, dtype=torch.long),
+                torch.full((1, width), TRASH_BLOCK, dtype=torch.long))))
+        torch.cuda.synchronize(device)
+        prefill = torch.cuda.max_memory_allocated(device) - base
+        torch.cuda.reset_peak_memory_stats(device)
+        self._forward(self._on_device(self._padding_inputs(decode_rows, 1)))
+        torch.cuda.synchronize(device)
+        decode = torch.cuda.max_memory_allocated(device) - base
+        torch.cuda.empty_cache()
+        return prefill, decode
+
     @property
     def max_blocks_per_sequence(self) -> int:
         return -(-self.max_positions // self.pool.block_size)

@@ -324,7 +324,7 @@ def build_engine(spec: EngineSpec, send_steps: Callable[[list[Step]], None]):
     import torch
 
     from ..embedded.cpu_share import FreeCoreThreads
-    from ..embedded.engine import Engine, EngineConfig, default_decode_steps
+    from ..embedded.engine import GRAPH_PREFILL_ROWS, Engine, EngineConfig, default_decode_steps
     from ..embedded.kv_budget import DEFAULT_FREE_GPU_MEM_FRACTION, KvBudget, default_kv_cache_bytes
     from ..embedded.model_loading import load_model
     from ..embedded.runner import ModelRunner
@@ -336,15 +336,18 @@ def build_engine(spec: EngineSpec, send_steps: Callable[[list[Step]], None]):
     elif spec.device == "cpu":
         FreeCoreThreads().start().attach(loaded.model)
     runner = ModelRunner(loaded.model, cuda_graphs=spec.cuda_graphs, fused_forwards=spec.fused_forward)
+    overlap = runner.device.type == "cuda" if spec.overlap_steps is None else spec.overlap_steps
+    decode_steps = default_decode_steps(runner.device, spec.decode_steps)
     memory = spec.kv_cache_memory_bytes
     if memory is None:
         fraction = spec.kv_cache_free_gpu_mem_fraction
-        memory = default_kv_cache_bytes(runner.device, DEFAULT_FREE_GPU_MEM_FRACTION if fraction is None else fraction)
+        memory = default_kv_cache_bytes(runner, spec.max_batch_size, spec.max_num_tokens,
+                                        spec.max_batch_size + GRAPH_PREFILL_ROWS, decode_steps if overlap else 1,
+                                        DEFAULT_FREE_GPU_MEM_FRACTION if fraction is None else fraction)
     budget = KvBudget(memory, runner.kv_bytes_per_token)
-    overlap = runner.device.type == "cuda" if spec.overlap_steps is None else spec.overlap_steps
     engine = Engine(runner, EngineConfig(spec.max_batch_size, spec.max_num_tokens, budget, spec.stats_max_iterations,
-                                         spec.enable_kv_cache_reuse, spec.prefill_stall_factor, overlap,
-                                         default_decode_steps(runner.device, spec.decode_steps)), send_steps)
+                                         spec.enable_kv_cache_reuse, spec.prefill_stall_factor, overlap, decode_steps),
+                    send_steps)
     engine.wait_warm()  # "ready" goes to the stub after the warm-up, so the model is READY only then
     eos = getattr(getattr(loaded.model, "generation_config", None), "eos_token_id", None)
     if isinstance(eos, (list, tuple)):

@@ -74,7 +74,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from ..embedded.cpu_share import FreeCoreThreads
-from ..embedded.engine import Engine, EngineConfig, EngineDead, default_decode_steps
+from ..embedded.engine import GRAPH_PREFILL_ROWS, Engine, EngineConfig, EngineDead, default_decode_steps
 from ..embedded.guided import (
     DEFAULT_GUIDE_COMPILE_TIMEOUT_S,
     DEFAULT_MAX_GUIDE_BYTES,
@@ -144,6 +144,7 @@ class TransformersExecutor(Executor):
         max_queue_size: int | None = None,
         stats_max_iterations: int = 1000,
         kv_cache_memory_bytes: int | None = None,
+        kv_cache_free_gpu_mem_fraction: float = DEFAULT_FREE_GPU_MEM_FRACTION,
         enable_kv_cache_reuse: bool = True,
         kv_block_size: int = DEFAULT_BLOCK_SIZE,
         cuda_graphs: bool = True,
@@ -155,12 +156,16 @@ class TransformersExecutor(Executor):
         """The engine on a thread of this process (`overlap_steps` None: on CUDA only; `decode_steps` None: the
         device's default; `fused_forward` None: for the models it supports)."""
         self.runner = ModelRunner(model, cuda_graphs=cuda_graphs, fused_forwards=fused_forward)
-        memory = kv_cache_memory_bytes if kv_cache_memory_bytes is not None else default_kv_cache_bytes(self.runner.device)
-        budget = KvBudget(memory, self.runner.kv_bytes_per_token, kv_block_size)
         overlap = self.runner.device.type == "cuda" if overlap_steps is None else overlap_steps
+        decode_steps = default_decode_steps(self.runner.device, decode_steps)
+        memory = kv_cache_memory_bytes
+        if memory is None:
+            memory = default_kv_cache_bytes(self.runner, max_batch_size, max_num_tokens,
+                                            max_batch_size + GRAPH_PREFILL_ROWS, decode_steps if overlap else 1,
+                                            kv_cache_free_gpu_mem_fraction, kv_block_size)
+        budget = KvBudget(memory, self.runner.kv_bytes_per_token, kv_block_size)
         engine = Engine(self.runner, EngineConfig(max_batch_size, max_num_tokens, budget, stats_max_iterations,
-                                                  enable_kv_cache_reuse, prefill_stall_factor, overlap,
-                                                  default_decode_steps(self.runner.device, decode_steps)))
+                                                  enable_kv_cache_reuse, prefill_stall_factor, overlap, decode_steps))
         engine.wait_warm()
         self._start(engine, tokenizer, self.runner.vocab_size, self.runner.max_positions, budget,
                     _end_id_of(model, tokenizer), max_batch_size, max_num_tokens, max_input_len, max_output_len,
@@ -420,9 +425,6 @@ def create(params: Params, shared_as: str | None = None, peers: int = 1) -> Exec
     log.info("transformers executor: %s on %s (%s)", loaded.source, device, dtype)
     if threads is None and device == "cpu":
         FreeCoreThreads().start().attach(loaded.model)
-    kv_cache_memory_bytes = s["kv_cache_memory_bytes"]
-    if kv_cache_memory_bytes is None:
-        kv_cache_memory_bytes = default_kv_cache_bytes(next(loaded.model.parameters()).device, s["fraction"])
     return _with_guide_limits(TransformersExecutor(
         loaded.model,
         loaded.tokenizer,
@@ -432,7 +434,8 @@ def create(params: Params, shared_as: str | None = None, peers: int = 1) -> Exec
         max_output_len=s["max_output_len"],
         max_queue_size=s["max_queue_size"],
         stats_max_iterations=s["stats_max_iterations"],
-        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        kv_cache_memory_bytes=s["kv_cache_memory_bytes"],
+        kv_cache_free_gpu_mem_fraction=s["fraction"],
         enable_kv_cache_reuse=s["enable_kv_cache_reuse"],
         cuda_graphs=s["cuda_graphs"],
         prefill_stall_factor=s["stall_factor"],

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from .text_stream import TextStream
 from .tokenization import chat_prompt_ids
-from .tools import ToolCallText, guide_of, mode, tools_system_text
+from .tools import ToolCallText, conversation, guide_of, mode, tools_system_text
 from .triton_pool import Delta, ModelInfo, Sampling, TritonGeneration, TritonPool
 
 log = logging.getLogger("trtllm_model.openai")
@@ -284,14 +284,14 @@ async def prompt_ids(request: ChatRequest | CompletionRequest, info: ModelInfo) 
     tokenizer = info.tokenizer
     encode: Callable[[], list[int]]
     if isinstance(request, ChatRequest):
-        conversation = request.conversation()
-        chars = sum(len(message["content"]) for message in conversation)
+        messages = conversation(request)
+        chars = sum(len(message["content"]) for message in messages)
         tools, tools_text = None, ""
         if request.tools:
             tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
             tools_text = tools_system_text(request.tools)
             chars += len(tools_text)
-        encode = functools.partial(_chat_ids, tokenizer, conversation, tools, tools_text)
+        encode = functools.partial(_chat_ids, tokenizer, messages, tools, tools_text)
     else:
         prompt = request.single_prompt()
         if not isinstance(prompt, str):

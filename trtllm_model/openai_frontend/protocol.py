@@ -206,23 +206,6 @@ class ChatRequest(_Sampling):
             return self.max_completion_tokens, "max_completion_tokens"
         return self.max_tokens, "max_tokens"
 
-    def conversation(self) -> list[dict[str, Any]]:
-        # `developer` is the newer name of `system`; chat templates know only the latter. Earlier tool calls go to
-        # the template as OpenAI's fields, and as the text the model wrote for them (tools.py).
-        from .tools import call_text
-
-        messages = []
-        for m in self.messages:
-            message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            if m.tool_calls:
-                message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
-                message["content"] += "".join(call_text(call.function.name, call.function.arguments)
-                                              for call in m.tool_calls)
-            if m.tool_call_id is not None:
-                message["tool_call_id"] = m.tool_call_id
-            messages.append(message)
-        return messages
-
 
 class CompletionRequest(_Sampling):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]

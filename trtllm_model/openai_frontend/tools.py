@@ -35,6 +35,23 @@ def call_text(name: str, arguments: str) -> str:
     return f'{CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": {arguments or "{}"}}}\n{CALL_CLOSE}'
 
 
+def conversation(request: ChatRequest) -> list[dict[str, Any]]:
+    """The request's messages as a chat template takes them. `developer` is the newer name of `system`; chat
+    templates know only the latter. Earlier tool calls go to the template as OpenAI's fields, and as the text the
+    model wrote for them (`call_text`)."""
+    messages = []
+    for m in request.messages:
+        message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        if m.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+            message["content"] += "".join(call_text(call.function.name, call.function.arguments)
+                                          for call in m.tool_calls)
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        messages.append(message)
+    return messages
+
+
 def tools_system_text(tools: list[Tool]) -> str:
     """The tools in words, for a chat template that renders none."""
     signatures = "\n".join(json.dumps(tool.model_dump(exclude_none=True)) for tool in tools)

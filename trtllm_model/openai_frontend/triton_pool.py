@@ -19,6 +19,7 @@ import time
 import uuid
 from array import array
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import tritonclient.grpc.aio as grpcaio
@@ -348,11 +349,7 @@ class TritonPool:
     async def refresh_models(self) -> dict[str, str]:
         """Learn the ready models that take token ids and stream token ids; returns every model's state."""
         async with self._refresh_lock:
-            # The repository index is restricted to the admin key (docs/security.md); serve passes it in the environment.
-            key = os.environ.get(ADMIN_KEY_ENV)
-            headers = admin_headers(key) if key else None
-            index = await self._first_answer(lambda c: c.get_model_repository_index(headers=headers, as_json=True))
-            states = {m["name"]: m.get("state", "") for m in index.get("models", [])}
+            states = await self._model_states()
             for name in [n for n in self.models if states.get(n) != "READY"]:
                 del self.models[name]
             for name, state in states.items():
@@ -361,6 +358,19 @@ class TritonPool:
                     if _generates(config):
                         self.models[name] = await asyncio.to_thread(self._model_info, name, config)
             return states
+
+    async def _model_states(self) -> dict[str, str]:
+        """Every model's state: READY or not. With the repository at hand, its model folders' readiness (open to
+        every client: the frontend that `serve` starts holds no admin key); else the repository index, which is
+        restricted to the admin key (docs/security.md): a standalone frontend reads it from its environment."""
+        if self.model_repository:
+            names = sorted(config.parent.name for config in Path(self.model_repository).glob("*/config.pbtxt"))
+            ready = await asyncio.gather(*(self._first_answer(lambda c, n=name: c.is_model_ready(n)) for name in names))
+            return {name: "READY" if is_ready else "UNAVAILABLE" for name, is_ready in zip(names, ready, strict=True)}
+        key = os.environ.get(ADMIN_KEY_ENV)
+        headers = admin_headers(key) if key else None
+        index = await self._first_answer(lambda c: c.get_model_repository_index(headers=headers, as_json=True))
+        return {m["name"]: m.get("state", "") for m in index.get("models", [])}
 
     def _model_info(self, name: str, config: dict) -> ModelInfo:
         parameters = config_parameters(config)
