@@ -44,7 +44,7 @@ EXIT_KILL_MARGIN_S = 5.0
 
 
 def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | None = None,
-          openai_access_log: bool = True, verbose: bool = False) -> int:
+          openai_access_log: bool = True, verbose: bool = False, served_model_name: str | None = None) -> int:
     """Run tritonserver until it exits; with `openai_port`, the OpenAI frontend next to it (stopped with it).
     Unless `verbose`, its start-up tables, the weights' progress bars and the CPU host's harmless complaints are not
     shown."""
@@ -124,7 +124,7 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         print("trtllm-triton: tritonserver exited before it was ready (see its log above)", file=sys.stderr)
     frontend = None
     if openai_port is not None and process.poll() is None and not stopping.is_set():
-        frontend = start_openai_frontend(options, connect_host, openai_port, openai_access_log)
+        frontend = start_openai_frontend(options, connect_host, openai_port, openai_access_log, served_model_name)
     try:
         code = process.wait()
         return 1 if killed.is_set() else code
@@ -158,8 +158,8 @@ def _stop_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def start_openai_frontend(options: ServerOptions, connect_host: str, port: int,
-                          access_log: bool = True) -> subprocess.Popen:
+def start_openai_frontend(options: ServerOptions, connect_host: str, port: int, access_log: bool = True,
+                          served_model_name: str | None = None) -> subprocess.Popen:
     """`trtllm-triton openai` against this server's gRPC port, bound to the server's --host."""
     command = [sys.executable, "-m", "trtllm_model.cli", "openai", f"--triton-url={connect_host}:{options.grpc_port}",
                f"--host={options.host}", f"--port={port}"]
@@ -169,6 +169,8 @@ def start_openai_frontend(options: ServerOptions, connect_host: str, port: int,
     command.append(f"--model-repository={options.model_repository}")
     if not access_log:
         command.append("--no-access-log")
+    if served_model_name:
+        command.append(f"--served-model-name={served_model_name}")
     # The frontend finds the models through the repository's folders and their readiness, which need no admin key:
     # its process is given none (an operator's key in serve's own environment included).
     environment = {name: value for name, value in os.environ.items() if name != ADMIN_KEY_ENV}
@@ -396,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     run.add_argument("--openai-port", type=int, default=9000, help="port of the OpenAI-compatible API (on --host)")
     run.add_argument("--no-openai", action="store_true", help="serve without the OpenAI-compatible API")
+    run.add_argument("--served-model-name", metavar="NAME",
+                     help="the name the OpenAI API serves tensorrt_llm under (default: tensorrt_llm)")
     run.add_argument("--no-openai-access-log", action="store_true",
                      help="no log line per OpenAI API request (method, path, status, tokens, seconds)")
     run.add_argument("server_args", nargs="*", help="extra tritonserver flags, after --")
@@ -413,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     openai.add_argument("--model-repository", help="the server's model repository (an LLM API model's model.yaml "
                         "names its tokenizer)")
     openai.add_argument("--no-access-log", action="store_true", help="no log line per request (on stderr)")
+    openai.add_argument("--served-model-name", metavar="NAME",
+                        help="the name tensorrt_llm is served under (default: tensorrt_llm)")
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "configure":
@@ -429,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
 
         urls = [url for value in args.triton_url for url in value.split(",") if url]
         run_openai(urls, args.host, args.port, args.executor, args.log_level, args.max_body_bytes,
-                   args.model_repository, not args.no_access_log)
+                   args.model_repository, not args.no_access_log, args.served_model_name)
         return 0
     repository = (args.model_repository or (LLMAPI_REPOSITORY if args.layout == "llmapi" else DEFAULT_REPOSITORY)).resolve()
     decoupled = None if args.decoupled is None else args.decoupled == "true"
@@ -472,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_key=key,
     )
     return serve(options, args.ready_timeout, None if args.no_openai else args.openai_port,
-                 not args.no_openai_access_log, args.verbose)
+                 not args.no_openai_access_log, args.verbose, args.served_model_name)
 
 
 if __name__ == "__main__":
