@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from .http_guard import HttpGuard, Route
 from .server import (
     ADMIN_HEADER,
     ADMIN_KEY_ENV,
@@ -28,10 +30,12 @@ from .server import (
     admin_headers,
     admin_key,
     cuda_driver_present,
+    free_ports,
     is_ready,
     ports_in_use,
     server_command,
     server_environment,
+    set_thread_stack_limit,
     wait_until_ready,
 )
 
@@ -58,6 +62,13 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         print(f"trtllm-triton: port {openai_port} already in use on {options.host}; pick another --openai-port "
               "or pass --no-openai", file=sys.stderr)
         return 2
+    # Triton's HTTP and metrics listeners move to loopback ports behind the guard, which bounds every request on the
+    # public ones before Triton reads it (http_guard says why); its threads' stacks are what those bounds assume.
+    set_thread_stack_limit()
+    triton_http_port, triton_metrics_port = free_ports(2)
+    options = dataclasses.replace(options, triton_http_port=triton_http_port, triton_metrics_port=triton_metrics_port)
+    guard = HttpGuard([Route(options.host, options.http_port, triton_http_port),
+                       Route(options.host, options.metrics_port, triton_metrics_port)])
     extra_env = {READY_URL_ENV: f"http://{connect_host}:{options.http_port}"}
     if not verbose:
         extra_env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # transformers' "Loading weights" bars too
@@ -131,6 +142,7 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
     finally:
         if frontend is not None:
             stop_process(frontend)
+        guard.close()
 
 
 def forward_output(source, target, noise: tuple[str, ...] = ()) -> None:

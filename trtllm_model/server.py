@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import resource
 import secrets
 import shutil
 import socket
@@ -20,6 +21,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 # `serve --executor NAME` passes the override to the model (trtllm_model.model) through this variable.
 EXECUTOR_OVERRIDE_ENV = "TRTLLM_TRITON_EXECUTOR"
+LOOPBACK = "127.0.0.1"
 # `serve` tells the models where the server's HTTP endpoint is, so that they ask it whether they are still served
 # (triton_io.model_ready) instead of pb_utils.is_model_ready, which can crash the stub while the server stops.
 READY_URL_ENV = "TRTLLM_TRITON_HTTP_URL"
@@ -149,6 +151,10 @@ class ServerOptions:
     executor: str | None = None
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)
+    # Loopback ports of tritonserver's own HTTP and metrics listeners when `serve`'s guard (http_guard) holds
+    # http_port and metrics_port; None: tritonserver listens on those itself.
+    triton_http_port: int | None = None
+    triton_metrics_port: int | None = None
     admin_key: str = field(default_factory=admin_key, repr=False)
 
 
@@ -162,12 +168,12 @@ def server_command(options: ServerOptions) -> list[str]:
         f"--backend-directory={backend_directory()}",
         "--model-control-mode=explicit",
         "--load-model=*",
-        f"--http-address={options.host}",
-        f"--http-port={options.http_port}",
+        f"--http-address={LOOPBACK if options.triton_http_port else options.host}",
+        f"--http-port={options.triton_http_port or options.http_port}",
         f"--grpc-address={options.host}",
         f"--grpc-port={options.grpc_port}",
-        f"--metrics-address={options.host}",
-        f"--metrics-port={options.metrics_port}",
+        f"--metrics-address={LOOPBACK if options.triton_metrics_port else options.host}",
+        f"--metrics-port={options.triton_metrics_port or options.metrics_port}",
         "--allow-metrics=true",
         "--allow-cpu-metrics=true",
         f"--log-verbose={options.log_verbose}",
@@ -176,6 +182,20 @@ def server_command(options: ServerOptions) -> list[str]:
         *(() if cuda_driver_present() else CPU_HOST_ARGS),
         *options.extra_args,
     ]
+
+
+# tritonserver's threads get RLIMIT_STACK's soft limit as their stack size (glibc), and 2 MiB when it is unlimited;
+# http_guard's bounds keep a request's parse within this much.
+THREAD_STACK_BYTES = 8 << 20
+
+
+def set_thread_stack_limit() -> None:
+    """Raise this process's (and so its children's) RLIMIT_STACK soft limit to THREAD_STACK_BYTES if it is lower or
+    unlimited, as far as the hard limit lets it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    if soft == resource.RLIM_INFINITY or soft < THREAD_STACK_BYTES:
+        wanted = THREAD_STACK_BYTES if hard == resource.RLIM_INFINITY else min(THREAD_STACK_BYTES, hard)
+        resource.setrlimit(resource.RLIMIT_STACK, (wanted, hard))
 
 
 def ports_in_use(host: str, ports: list[int]) -> list[int]:
