@@ -168,6 +168,10 @@ def server_command(options: ServerOptions) -> list[str]:
         f"--backend-directory={backend_directory()}",
         "--model-control-mode=explicit",
         "--load-model=*",
+        # One model at a time: with tritonserver 2.51's default of 4 load threads, loading the default repository's
+        # five models hung in 2 of 7 starts on a busy 2-core host (a load thread waiting forever in pthread_once under
+        # the Python backend's TRITONBACKEND_ModelInstanceInitialize, its stub idle).
+        "--model-load-thread-count=1",
         f"--http-address={LOOPBACK if options.triton_http_port else options.host}",
         f"--http-port={options.triton_http_port or options.http_port}",
         f"--grpc-address={options.host}",
