@@ -11,6 +11,8 @@ public HTTP port (the guard) and to tritonserver's loopback port behind it (read
   - streams: `--streams` generate_stream requests of `--tokens` tokens at once, each on its own connection,
     through each port in turn: wall time, SSE events (a response carries every token waiting for its stream, so
     their count varies), and the guard's CPU per event and per token (the serve process's CPU over each run).
+  - the depth scan alone (http_guard.nested_deeper_than, run on a worker thread for a body over 64 KiB): its time
+    on 2 MiB bodies made to cost the most (all brackets; short strings of brackets), best of 5.
 Results: a table on stdout and bench/results/http_guard-<time>.json.
 """
 
@@ -31,6 +33,8 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent / "tests"))
 from conftest import start_server  # noqa: E402
+
+from trtllm_model.http_guard import MAX_BODY_BYTES, MAX_JSON_DEPTH, nested_deeper_than  # noqa: E402
 
 SMALL = json.dumps({"text_input": "hello", "max_tokens": 1}).encode()
 
@@ -85,6 +89,19 @@ def streams(port: int, count: int, tokens: int) -> tuple[float, int]:
     return time.perf_counter() - start, sum(events)
 
 
+def depth_scan_ms() -> dict[str, float]:
+    bodies = {"2 MiB of []": b"[]" * (MAX_BODY_BYTES // 2), '2 MiB of "[",': b'"[",' * (MAX_BODY_BYTES // 4)}
+    times = {}
+    for name, body in bodies.items():
+        runs = []
+        for _ in range(5):
+            start = time.perf_counter()
+            nested_deeper_than(body, MAX_JSON_DEPTH)
+            runs.append(time.perf_counter() - start)
+        times[name] = min(runs) * 1e3
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=400, help="unary requests per port")
@@ -128,6 +145,7 @@ def main() -> None:
         / max(1, stream_runs["guard"]["events"]) * 1e6,
         "guard_cpu_us_per_token": (stream_runs["guard"]["serve_cpu_s"] - stream_runs["direct"]["serve_cpu_s"])
         / (args.streams * args.tokens) * 1e6,
+        "depth_scan_ms": depth_scan_ms(),
         "args": vars(args),
     }
     print(f"{'':8}{'p50 ms':>9}{'mean ms':>9}")
@@ -141,6 +159,8 @@ def main() -> None:
     print(f"streams: guard/direct wall {stream_runs['guard']['wall_s'] / stream_runs['direct']['wall_s']:.2f}x; "
           f"guard CPU {result['guard_cpu_us_per_event']:.1f} us per SSE event, "
           f"{result['guard_cpu_us_per_token']:.1f} us per token")
+    for name, ms in result["depth_scan_ms"].items():
+        print(f"depth scan of {name}: {ms:.1f} ms")
     out = BENCH_DIR / "results" / f"http_guard-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(out)

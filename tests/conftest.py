@@ -34,6 +34,22 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _test_is_e2e = item.get_closest_marker("e2e") is not None
 
 
+# The shared servers that hold a model stop after the last test that uses them, not at the session's end.
+_model_servers: dict[str, Server] = {}  # fixture name -> its server, while it runs
+_last_user: dict[str, str] = {}  # fixture name -> node id of the last test that uses it
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    for item in session.items:
+        for name in getattr(item, "fixturenames", ()):
+            _last_user[name] = item.nodeid
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    for name in [name for name in _model_servers if _last_user.get(name) == item.nodeid]:
+        _model_servers.pop(name).stop()
+
+
 @dataclass
 class Server:
     process: subprocess.Popen
@@ -185,6 +201,57 @@ def synthetic_server(tmp_path_factory):
     """One server with the synthetic executor (10 ms steps) shared by the end-to-end tests that don't stop it."""
     server = start_server(tmp_path_factory.mktemp("synthetic"), executor="synthetic")
     yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(tmp_path_factory):
+    """One server with the embedded SmolLM2 (4 batch slots) shared by the end-to-end tests that neither stop nor
+    reconfigure it: one model load instead of one a module."""
+    server = _model_servers["smollm2_server"] = start_server(
+        tmp_path_factory.mktemp("smollm2"), executor="transformers", parameters={"max_batch_size": "4"})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_openai_server(tmp_path_factory):
+    """The embedded SmolLM2 with the repository's defaults and the OpenAI frontend, (server, base URL), shared by
+    the OpenAI end-to-end tests that neither stop nor reconfigure it."""
+    from openai_server import start_openai_server  # it imports this module
+
+    server, base_url = start_openai_server(tmp_path_factory.mktemp("smollm2-openai"), "transformers")
+    _model_servers["smollm2_openai_server"] = server
+    yield server, base_url
+    server.stop()
+
+
+def _llmapi_openai_server(tmp_path_factory, name: str, serve_args: list[str]) -> tuple[Server, str]:
+    from openai_server import start_openai_server  # it imports this module
+    from test_e2e_llmapi import copy_repository
+
+    workdir = tmp_path_factory.mktemp(name)
+    server, base_url = start_openai_server(workdir, None, repository=copy_repository(workdir / "repository"),
+                                           serve_args=serve_args)
+    _model_servers[name] = server
+    return server, base_url
+
+
+@pytest.fixture(scope="session")
+def llmapi_unary_server(tmp_path_factory):
+    """model_repository_llmapi unary (decoupled: False, as NVIDIA's model.yaml; `serve --decoupled false`, since
+    with its OpenAI API `serve` would serve it decoupled), the embedded SmolLM2, with the OpenAI frontend: (server,
+    base URL), shared by the LLM API layout's e2e tests that neither stop nor change it."""
+    server, base_url = _llmapi_openai_server(tmp_path_factory, "llmapi_unary_server", ["--decoupled", "false"])
+    yield server, base_url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def llmapi_stream_server(tmp_path_factory):
+    """The same as `serve` runs it by default with its OpenAI API: decoupled, for streaming clients."""
+    server, base_url = _llmapi_openai_server(tmp_path_factory, "llmapi_stream_server", [])
+    yield server, base_url
     server.stop()
 
 

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
-from conftest import start_server
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from triton_client import StreamClient, token_inputs
@@ -37,11 +36,8 @@ FUZZ = settings(deadline=None, derandomize=True, database=None, phases=[Phase.ex
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("fuzz"), executor="transformers",
-                          parameters={"max_batch_size": "4"})
-    yield server
-    server.stop()
+def server(smollm2_server):
+    return smollm2_server
 
 
 def _http(server, path: str, body: dict | None = None) -> tuple[int, str]:

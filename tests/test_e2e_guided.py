@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import string
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import numpy as np
@@ -15,7 +17,6 @@ import openai
 import pytest
 from conftest import start_server
 from openai import OpenAI
-from openai_server import start_openai_server
 from triton_client import StreamClient, stream_once, text_inputs, token_inputs
 
 from trtllm_model.embedded.model_loading import load_tokenizer
@@ -48,10 +49,8 @@ ASK_WEATHER = [{"role": "user", "content": "What is the weather like in Paris to
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    server, base_url = start_openai_server(tmp_path_factory.mktemp("guided"), "transformers")
-    yield server, base_url
-    server.stop()
+def served(smollm2_openai_server):
+    return smollm2_openai_server
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +208,69 @@ def test_in_the_worker_a_guide_that_timed_out_is_refused_again_within_the_bound(
     assert_follows("regex", tokenizer.decode(tokens.tokens()))
 
 
+# -- one client's guides cost another nothing: grammars kept by bytes, a bounded and fair compile pool -------------
+@pytest.fixture(scope="module")
+def bounded_server(tmp_path_factory):
+    """The CPU layout (the stub compiles guides) with a 40-request bound, and 4 MiB for kept grammars (1 MiB a guide)."""
+    server = start_server(tmp_path_factory.mktemp("guided-bounds"), executor="transformers", parameters={
+        "max_batch_size": "8", "max_queue_size": "32", "guide_compile_timeout_s": "5",
+        "max_guide_cache_bytes": str(4 << 20)})
+    yield server
+    server.stop()
+
+
+def test_a_guide_whose_grammar_is_over_its_share_of_the_cache_is_refused_and_not_kept(bounded_server, tokenizer):
+    """A 13-byte regex compiles to 1.6 MiB (an allowed 896-byte one to about 60 MiB, and 40 of them held 2.5 GiB in
+    the stub's cache): over a quarter of max_guide_cache_bytes it is refused, sent again too, and not kept."""
+    for _ in range(2):
+        result = stream_once(bounded_server.grpc_url, "tensorrt_llm", token_inputs(
+            [1, 2, 3], 4, **guide_inputs("regex", "[a-z ]{10000}")), timeout_s=120)
+        assert len(result.errors) == 1 and result.finals == 1, result.errors
+        assert "INVALID_ARG" in result.errors[0] and "over the 1 MiB one compiled guide may take" in result.errors[0]
+    tokens = stream_once(bounded_server.grpc_url, "tensorrt_llm", token_inputs(
+        chat_ids(tokenizer, "Tell me about Paris."), 96, end_id=(tokenizer.eos_token_id, np.int32),
+        **guide_inputs("regex", REGEX)), timeout_s=180)
+    assert not tokens.errors, tokens.errors
+    assert_follows("regex", tokenizer.decode(tokens.tokens()))
+
+
+def test_a_385_byte_regex_whose_grammar_takes_47_mib_is_refused_by_the_default_bound(served):
+    """An alternation of 48 `[^X]{8}` classes passes the guide checks and compiles to about 47.5 MiB in 1.5 s: over
+    the 16 MiB a guide may take by default (a quarter of max_guide_cache_bytes, 64 MiB). Kept, 40 of them took 1.9 GiB."""
+    server, _ = served
+    alternation = "(" + "|".join(f"[^{c}]{{8}}" for c in string.ascii_letters[1:49]) + ")"
+    result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs(
+        [1, 2, 3], 1, **guide_inputs("regex", alternation)), timeout_s=120)
+    assert len(result.errors) == 1 and result.finals == 1, result.errors
+    assert "INVALID_ARG" in result.errors[0] and "over the 16 MiB one compiled guide may take" in result.errors[0]
+
+
+def test_forty_slow_guides_leave_room_for_a_small_guide_and_an_unguided_request(bounded_server, tokenizer):
+    """Forty distinct slow guides (each about 1.4 s to compile) against a 40-request bound filled it and an unguided
+    request was refused `queue full`; a `[0-9]+` guide behind them was refused for the compile timeout (its wait in the
+    queue counted). Now the slow ones take at most 2 threads and 8 queue places (the rest: UNAVAILABLE at once), and
+    the small guide compiles on a thread of its own."""
+    client = StreamClient(bounded_server.grpc_url)
+    try:
+        slow = [client.send("tensorrt_llm", token_inputs([1, 2, 3], 4, **guide_inputs(
+            "json_schema", slow_schema(400 + n))), f"slow{n}") for n in range(40)]
+        time.sleep(0.5)
+        digits = client.send("tensorrt_llm", token_inputs(chat_ids(tokenizer, "How many moons has Mars?"), 4, **guide_inputs(
+            "regex", "[0-9]+")), "digits")
+        unguided = client.send("tensorrt_llm", token_inputs([1, 504, 3575], 2), "unguided")
+        for result in (unguided, digits):
+            result.wait(120)
+            assert result.errors == [] and result.finals == 1, result.errors
+        assert len(unguided.tokens()) == 2 and re.fullmatch("[0-9]+", tokenizer.decode(digits.tokens()))
+        for result in slow:
+            result.wait(120)
+            assert result.finals == 1
+        busy = [r for r in slow if r.errors and "UNAVAILABLE" in r.errors[0] and "guide compiler is busy" in r.errors[0]]
+        assert len(busy) >= 30, [r.errors for r in slow]  # at most 2 compiling, 8 queued
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_strict_json_schema_validates(client, stream):
     response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
@@ -291,11 +353,13 @@ def test_ignore_eos_generates_max_tokens_and_min_tokens_holds_the_end_back(clien
     hi = [{"role": "user", "content": "hi"}]
     free = client.chat.completions.create(model="tensorrt_llm", messages=hi, max_tokens=160, temperature=0)
     assert free.usage.completion_tokens < 100 and free.choices[0].finish_reason == "stop"
-    fixed = client.chat.completions.create(model="tensorrt_llm", messages=hi, max_tokens=160, temperature=0,
-                                           extra_body={"ignore_eos": True})
+    # The two long answers share the engine's batch (their lengths do not depend on near-ties); the free one went
+    # alone, as batch neighbours may move a bfloat16 near-tie.
+    with ThreadPoolExecutor(2) as pool:
+        fixed, floor = pool.map(lambda extra: client.chat.completions.create(
+            model="tensorrt_llm", messages=hi, max_tokens=160, temperature=0, extra_body=extra),
+            [{"ignore_eos": True}, {"min_tokens": 100}])
     assert fixed.usage.completion_tokens == 160 and fixed.choices[0].finish_reason == "length"
-    floor = client.chat.completions.create(model="tensorrt_llm", messages=hi, max_tokens=160, temperature=0,
-                                           extra_body={"min_tokens": 100})
     assert floor.usage.completion_tokens >= 100
 
 

@@ -64,22 +64,15 @@ def copy_repository(target: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def unary_server(tmp_path_factory):
+def unary_server(llmapi_unary_server):
     """model_repository_llmapi as it is (decoupled: False, as NVIDIA's model.yaml): the embedded SmolLM2."""
-    workdir = tmp_path_factory.mktemp("llmapi_unary")
-    server = start_server(workdir, executor=None, repository=copy_repository(workdir / "repository"))
-    yield server
-    server.stop()
+    return llmapi_unary_server[0]
 
 
 @pytest.fixture(scope="module")
-def stream_server(tmp_path_factory):
+def stream_server(llmapi_stream_server):
     """The same, decoupled (`serve --decoupled true`), for streaming clients."""
-    workdir = tmp_path_factory.mktemp("llmapi_stream")
-    server = start_server(workdir, executor=None, repository=copy_repository(workdir / "repository"),
-                          serve_args=["--decoupled", "true"])
-    yield server
-    server.stop()
+    return llmapi_stream_server[0]
 
 
 def test_repository_declares_nvidias_inputs_and_outputs():

@@ -23,7 +23,6 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from conftest import start_server
 from triton_client import as_inputs
 
 pytestmark = pytest.mark.e2e
@@ -107,10 +106,8 @@ def ensemble_text(results: list) -> str:
 
 
 @pytest.fixture(scope="module")
-def smol(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("nvidia-clients"), executor="transformers")
-    yield server
-    server.stop()
+def smol(smollm2_server):
+    return smollm2_server
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import openai
 import pytest
 from openai import OpenAI
-from openai_server import start_openai_server
-from test_e2e_llmapi import copy_repository
 
 from trtllm_model.embedded.model_loading import load_tokenizer
 
@@ -22,13 +20,9 @@ GREEDY = {"temperature": 0.0}
 
 
 @pytest.fixture(scope="module", params=["unary", "decoupled"])
-def served(request, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp(f"openai-llmapi-{request.param}")
-    serve_args = ["--decoupled", "false"] if request.param == "unary" else []
-    server, base_url = start_openai_server(workdir, None, repository=copy_repository(workdir / "repository"),
-                                           serve_args=serve_args)
-    yield server, base_url, request.param
-    server.stop()
+def served(request, llmapi_unary_server, llmapi_stream_server):
+    server, base_url = llmapi_unary_server if request.param == "unary" else llmapi_stream_server
+    return server, base_url, request.param
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import numpy as np
 import openai
 import pytest
 from openai import OpenAI
-from openai_server import start_openai_server
 from triton_client import stream_once, token_inputs
 
 from trtllm_model.embedded.model_loading import load_tokenizer
@@ -28,10 +27,8 @@ GREEDY = {"temperature": 0.0}
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    server, base_url = start_openai_server(tmp_path_factory.mktemp("openai-transformers"), "transformers")
-    yield server, base_url
-    server.stop()
+def served(smollm2_openai_server):
+    return smollm2_openai_server
 
 
 @pytest.fixture(scope="module")

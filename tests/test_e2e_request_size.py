@@ -133,6 +133,10 @@ def test_grpc_requests_of_5_20_and_100_mb_are_refused_by_the_model_and_the_serve
             unknown = [*text_inputs("hello", 2), tensor("no_such_input", [prompt], np.object_)]
             result = client.send("tensorrt_llm", unknown, f"unknown-{size}").wait(120)
             assert len(result.errors) == 1 and "no_such_input" in result.errors[0], result.errors
+            # A request parameter of `size` MB: Triton passes it on, and the model refuses a name it does not know.
+            result = client.send("tensorrt_llm", text_inputs("hello", 2), f"parameter-{size}",
+                                 parameters={"big": prompt}).wait(120)
+            assert len(result.errors) == 1 and "unknown request parameter(s): big" in result.errors[0], result.errors
     finally:
         client.close()
     assert_serving(synthetic_server, time.monotonic(), "gRPC requests of 5 to 100 MB")

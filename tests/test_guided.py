@@ -13,7 +13,7 @@ import pytest
 import torch
 from engine_helpers import run_all
 
-from trtllm_model.embedded.guided import GuideCompiler, GuideError, mask_guided_logits
+from trtllm_model.embedded.guided import GuideBusy, GuideCompiler, GuideError, mask_guided_logits
 from trtllm_model.embedded.model_loading import load_model
 from trtllm_model.executor_interface import FinishReason, GenerationRequest, RequestRejected
 from trtllm_model.executors.transformers_executor import TransformersExecutor
@@ -120,14 +120,12 @@ def test_the_guide_holds_where_the_model_would_write_otherwise(executor, loaded)
         ("structural_tag", '{"structures": [{"begin": "<a>"}], "triggers": ["<a>"]}', "schema"),
     ],
 )
-def test_a_guide_that_does_not_compile_is_refused_at_enqueue_with_the_compilers_message(
+def test_a_guide_that_does_not_compile_ends_its_request_with_the_compilers_message(
     executor, loaded, guide_type, guide, message
 ):
-    with pytest.raises(RequestRejected) as refused:
-        executor.enqueue(guided([1, 2, 3], guide_type, guide))
-    assert not refused.value.unsupported  # INVALID_ARG, not UNSUPPORTED
-    text = str(refused.value)
-    assert text.startswith("guided_decoding_guide: ") and message in text and guide_type in text
+    [[step]] = run_all(executor, [guided([1, 2, 3], guide_type, guide)], timeout_s=60)
+    assert step.is_final and step.finish_reason is FinishReason.ERROR and step.client_error  # INVALID_ARG
+    assert step.error.startswith("guided_decoding_guide: ") and message in step.error and guide_type in step.error
     assert executor.health_error() is None  # the engine never saw it
 
 
@@ -272,9 +270,8 @@ def test_a_guide_that_compiles_too_slowly_is_refused_after_the_timeout_and_again
 
     def refusal_seconds() -> float:
         start = time.monotonic()
-        with pytest.raises(RequestRejected) as refused:
-            executor.enqueue(guided([1, 2, 3], "json_schema", SLOW_SCHEMA, max_tokens=4))
-        assert "guide_compile_timeout_s=0.1 s" in str(refused.value) and not refused.value.unsupported
+        [[step]] = run_all(executor, [guided([1, 2, 3], "json_schema", SLOW_SCHEMA, max_tokens=4)], timeout_s=60)
+        assert step.client_error and "guide_compile_timeout_s=0.1 s" in step.error, step.error
         return time.monotonic() - start
 
     try:
@@ -300,3 +297,47 @@ def test_a_compilation_over_the_bound_is_kept_as_refused_even_for_a_caller_that_
     with pytest.raises(GuideError, match="guide_compile_timeout_s=0.1 s"):
         compiler.compile("json_schema", SLOW_SCHEMA)
     assert time.monotonic() - started < 0.1  # the kept verdict, not a second compilation
+
+
+def test_kept_grammars_are_bounded_by_bytes_and_one_over_a_quarter_is_refused(loaded):
+    """A 13-byte regex compiles to 1.6 MiB (an allowed 896-byte one to about 60 MiB): the cache counts bytes."""
+    compiler = GuideCompiler(loaded.tokenizer, 49152, [loaded.tokenizer.eos_token_id], max_cache_bytes=4 << 20)
+    with pytest.raises(GuideError, match=r"compiles to 1\.\d MiB, over the 1 MiB one compiled guide may take"):
+        compiler.compile("regex", "[a-z ]{10000}")
+    with pytest.raises(GuideError, match="over the 1 MiB"):
+        compiler.compile("regex", "[a-z ]{10000}")  # kept as refused
+    sizes = [compiler.compile("regex", f"[a-{letter} ]{{10}}").memory_size_bytes for letter in "pqrstuvwx"]
+    assert sum(sizes) > 4 << 20 and all(size <= 1 << 20 for size in sizes)
+    assert compiler.cache_bytes <= 4 << 20  # the oldest were dropped
+
+
+def test_a_small_guide_is_compiled_beside_slow_ones_and_queued_guides_nobody_waits_for_are_not(loaded):
+    """Slow guides fill the general compile threads and the queue: a small guide still compiles at once (its own
+    thread, cheapest first), guides past the queue are refused busy at once, and a queued guide whose request left
+    is never compiled."""
+    compiler = GuideCompiler(loaded.tokenizer, 49152, [loaded.tokenizer.eos_token_id], timeout_s=30)
+    outcomes: dict[str, object] = {}
+    slow = [json.dumps({"type": "object", "properties": {"a": {"type": "string", "maxLength": 300 + n}}})
+            for n in range(12)]
+
+    def send(n: int) -> None:
+        compiler.when_compiled("json_schema", slow[n], lambda outcome: outcomes.setdefault(f"slow{n}", outcome))
+
+    send(0), send(1)
+    deadline = time.monotonic() + 30
+    while compiler._queue:  # both general threads took theirs
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for n in range(2, 9):
+        send(n)
+    leave = compiler.when_compiled("json_schema", slow[9], lambda outcome: outcomes.setdefault("left", outcome))
+    leave()  # the 8th queued guide: its place is free again
+    send(10), send(11)
+    assert list(outcomes) == ["slow11"], outcomes  # the queue holds 8: the ninth is refused at once
+    assert isinstance(outcomes["slow11"], GuideBusy) and str(outcomes["slow11"]).startswith("queue full")
+    started = time.monotonic()
+    assert compiler.compile_within("regex", "[0-9]+") is not None
+    assert time.monotonic() - started < 5.0  # 2 ms alone; the slow ones take seconds each
+    with compiler._lock:
+        assert ("json_schema", slow[9]) not in compiler._compiling  # left before it started: never compiled
+    assert "left" not in outcomes

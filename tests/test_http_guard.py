@@ -5,6 +5,8 @@ a real tritonserver."""
 from __future__ import annotations
 
 import gzip
+import json
+import random
 
 import pytest
 
@@ -85,3 +87,54 @@ def test_compressed_bodies_are_checked_decompressed():
     assert refused(head("Content-Encoding: gzip"), gzip.compress(b"[" * 1000)).status == 400
     assert refused(head("Content-Encoding: gzip"), gzip.compress(b" " * (MAX_BODY_BYTES + 1))).status == 413
     assert refused(head("Content-Encoding: gzip"), b"not gzip").status == 400
+
+
+def rapidjson_depth(data: bytes) -> int:
+    """The deepest nesting a recursive parser reaches on `data`, stopping where a backslash outside a string makes
+    it invalid (a plain reading; other syntax errors only make the guard's count an upper bound)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        char = chr(byte)
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char == "\\":
+            break
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def test_nesting_agrees_with_a_plain_parser_and_never_counts_less():
+    rng = random.Random(5)
+    for _ in range(3000):
+        data = bytes(rng.choice(b'[]{}"\\ a') for _ in range(rng.randint(0, 40)))
+        for limit in (0, 1, 2, 3):
+            if rapidjson_depth(data) > limit:
+                assert nested_deeper_than(data, limit), data
+
+
+def random_value(rng: random.Random, depth: int):
+    if depth == 0 or rng.random() < 0.3:
+        return "".join(rng.choice('[]{}"\\ a\n') for _ in range(rng.randint(0, 6)))
+    if rng.random() < 0.5:
+        return [random_value(rng, depth - 1) for _ in range(rng.randint(0, 3))]
+    return {f"k{i}": random_value(rng, depth - 1) for i in range(rng.randint(0, 3))}
+
+
+def test_nesting_of_valid_json_is_exact():
+    rng = random.Random(6)
+    for _ in range(2000):
+        data = json.dumps(random_value(rng, rng.randint(0, 8))).encode()
+        for limit in range(0, 9):
+            assert nested_deeper_than(data, limit) == (rapidjson_depth(data) > limit), data

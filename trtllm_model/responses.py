@@ -87,8 +87,9 @@ class ResponseAssembler:
 
         if failed is not None:
             ctx.finish_reason = "error"
-            if failed.client_error:
-                return [ErrorReply(ErrorCode.INVALID_ARG, failed.error)]
+            if failed.client_error:  # a refusal the client may retry begins "queue full" (QueueFull's wording)
+                code = ErrorCode.UNAVAILABLE if failed.error.startswith("queue full") else ErrorCode.INVALID_ARG
+                return [ErrorReply(code, failed.error)]
             return [ErrorReply(ErrorCode.INTERNAL, f"executor error: {failed.error}")]
         if final:
             ctx.finish_reason = last.finish_reason.value

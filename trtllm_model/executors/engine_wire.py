@@ -58,6 +58,7 @@ class EngineSpec:
     enable_kv_cache_reuse: bool = True
     cuda_graphs: bool = True  # on CUDA; ignored on CPU
     guide_compile_timeout_s: float = 10.0  # the worker compiles guides (embedded/guided.py), within this
+    max_guide_cache_bytes: int = 64 * 1024 * 1024  # and keeps them, this many bytes of grammars at most
     prefill_stall_factor: float = 0.0  # embedded/step_budget.py
     overlap_steps: bool | None = None  # embedded/engine.py; None: on CUDA only
     fused_forward: bool | None = None  # embedded/fused_forward.py; None: where the model is supported

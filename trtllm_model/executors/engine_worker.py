@@ -8,7 +8,7 @@ every HEARTBEAT_S with the engine's iteration counter, and the engine's failure 
 stubs' processes (one that ends leaves, its requests cancelled; the worker stops when none is left, however they
 went), and the guide compiler's pool and deadline thread: a guided request waits there, off the command loop, at
 most guide_compile_timeout_s for its guide (compiled once, here only; the stub checks the guide's limits but does not
-compile it), then joins the engine or ends with an INVALID_ARG error step. xgrammar releases the GIL while it
+compile it), then joins the engine or ends with an error step (INVALID_ARG; UNAVAILABLE while the compiler is busy). xgrammar releases the GIL while it
 compiles, so the other threads run meanwhile (they still share the CPU with it).
 """
 
@@ -71,9 +71,7 @@ class _Worker:
         self._numbers = 0
         self._stopping = threading.Event()
         self._guides = None  # GuideCompiler, made on the first guided request
-        # Guided requests whose guide is compiling, by id; the lock also orders their submit against a cancel.
-        self._compiling: dict[int, Any] = {}
-        self._admission_lock = threading.Lock()
+        self._guided = None  # GuidedStarts: guided requests waiting for their guide, made with the compiler
         self.engine = None
 
     def receive(self, timeout_s: float | None = None) -> tuple:
@@ -155,7 +153,8 @@ class _Worker:
         queued = engine.queued()
         work = queued > 0 or bool(engine.running) or bool(engine.scheduler.prefilling)
         # Before the first iteration the engine may still be capturing CUDA graphs: not judged as stalled then.
-        busy, iteration, waiting = work and engine.iteration > 0, engine.iteration, queued + len(self._compiling)
+        busy, iteration, waiting = work and engine.iteration > 0, engine.iteration, queued + (
+            self._guided.waiting if self._guided is not None else 0)
         with self._send_lock:
             stubs = self._stubs
             if not stubs:
@@ -243,11 +242,8 @@ class _Worker:
             request = decode_request(encoded)
             sequence = Sequence.from_request(request_id, request, self.info.vocab_size, self.info.generation_eos_id)
             if request.guided_decoding_type is not None:
-                with self._admission_lock:
-                    self._compiling[request_id] = sequence
-                self._guide_compiler().when_compiled(
-                    request.guided_decoding_type, request.guided_decoding_guide,
-                    lambda outcome: self._guide_compiled(sequence, request.guided_decoding_type, outcome))
+                self._guide_compiler()
+                self._guided.admit(sequence, request.guided_decoding_type, request.guided_decoding_guide)
                 return
         except Exception as exc:  # noqa: BLE001 - this request's own failure: an error step, the engine goes on
             self._fail(request_id, f"request failed: {type(exc).__name__}: {exc}")
@@ -265,44 +261,19 @@ class _Worker:
                               client_error=client_error)])
 
     def _cancel(self, request_id: int) -> None:
-        with self._admission_lock:
-            compiling = self._compiling.pop(request_id, None) is not None
-            if not compiling:
-                self.engine.cancel(request_id)
-        if compiling:  # the engine never saw it; its guide goes on compiling for the cache
-            self.send_steps([Step(request_id, is_final=True, finish_reason=FinishReason.CANCELLED)])
+        if self._guided is None or not self._guided.cancel(request_id):  # not waiting for its guide: the engine's
+            self.engine.cancel(request_id)
 
     def _guide_compiler(self) -> Any:
-        from ..embedded.guided import GuideCompiler
+        from ..embedded.guided import GuideCompiler, GuidedStarts
 
         if self._guides is None:
             end = self.info.generation_eos_id
             self._guides = GuideCompiler(self._tokenizer, self.info.vocab_size, [end] if end is not None else None,
-                                         timeout_s=self.spec.guide_compile_timeout_s)
+                                         timeout_s=self.spec.guide_compile_timeout_s,
+                                         max_cache_bytes=self.spec.max_guide_cache_bytes)
+            self._guided = GuidedStarts(lambda: self._guides, self._start, self.send_steps)
         return self._guides
-
-    def _guide_compiled(self, sequence: Any, guide_type: str, outcome: Any) -> None:
-        """The guide compiled, failed or ran out of time (on the compiler's threads): start or refuse the request."""
-        from ..embedded.guided import GuideError, refusal_message
-
-        request_id = sequence.request_id
-        try:
-            if isinstance(outcome, GuideError):
-                raise outcome
-            sequence.guide = self._guides.matcher(outcome, sequence.end_id)
-        except GuideError as exc:
-            with self._admission_lock:
-                if self._compiling.pop(request_id, None) is not None:
-                    self._fail(request_id, refusal_message(guide_type, exc), client_error=True)
-            return
-        except Exception as exc:  # noqa: BLE001 - this request's own failure
-            with self._admission_lock:
-                if self._compiling.pop(request_id, None) is not None:
-                    self._fail(request_id, f"request failed: {type(exc).__name__}: {exc}")
-            return
-        with self._admission_lock:  # a cancel either took it out already or reaches the engine after this submit
-            if self._compiling.pop(request_id, None) is not None:
-                self._start(sequence)
 
     def _send_heartbeats(self) -> None:
         from ..embedded.engine import EngineDead

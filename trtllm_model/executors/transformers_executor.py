@@ -36,11 +36,14 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    request computed are reused, not prefilled again; cached blocks nobody holds are evicted least
                    recently used when the pool runs out of blank ones
   max_guide_bytes  the largest guided_decoding_guide a request may send (default 65536); longer: INVALID_ARG
-  guide_compile_timeout_s  how long a request waits for its guide to compile (default 10); longer: INVALID_ARG,
-                   and the guide stays refused. With engine_process the worker compiles guides (once, off its
-                   command loop); the stub only checks their limits
-  prefill_stall_factor  a step that prefills a prompt chunk beside decoding streams takes at most this many times a
-                   decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is steered
+  guide_compile_timeout_s  how long a request waits for its guide to compile (default 10; its wait in the compile
+                   queue is bounded apart, by the same time: then UNAVAILABLE, retry); longer: INVALID_ARG, and the
+                   guide stays refused. With engine_process the worker compiles guides (once, off its command
+                   loop); the stub only checks their limits
+  max_guide_cache_bytes  compiled guides kept, by their size (default 67108864, 64 MiB); one guide whose grammar
+                   is over a quarter of it is refused (INVALID_ARG) and not kept
+  prefill_stall_factor  a step that prefills a prompt chunk (beside decoding streams or not) takes at most this many
+                   times a decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is steered
                    by the engine's own step times, chunks of at least 8 tokens (embedded/step_budget.py). Lower
                    keeps running streams' gaps shorter and starts a long prompt later: on 2 CPU cores, 1.75 against
                    2.5 took a 2,048-token prompt's first token from about 8 to 10-14 s (docs/performance.md)
@@ -69,7 +72,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 
 import torch
 
@@ -78,10 +81,11 @@ from ..embedded.engine import GRAPH_PREFILL_ROWS, Engine, EngineConfig, EngineDe
 from ..embedded.guided import (
     DEFAULT_GUIDE_COMPILE_TIMEOUT_S,
     DEFAULT_MAX_GUIDE_BYTES,
+    DEFAULT_MAX_GUIDE_CACHE_BYTES,
     GuideCompiler,
+    GuidedStarts,
     GuideError,
     check_guide,
-    refusal_message,
 )
 from ..embedded.kv_budget import (
     DEFAULT_BLOCK_SIZE,
@@ -112,6 +116,7 @@ log = logging.getLogger(__name__)
 PARAMETERS = frozenset(
     {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes",
      "engine_process", "enable_kv_cache_reuse", "cuda_graphs", "max_guide_bytes", "guide_compile_timeout_s",
+     "max_guide_cache_bytes",
      "engine_heartbeat_timeout_s", "prefill_stall_factor", "overlap_steps", "decode_steps", "fused_forward"}
 )
 
@@ -128,6 +133,7 @@ class TransformersExecutor(Executor):
     optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "guided_decoding", "cache_salt"})
     max_guide_bytes: int = DEFAULT_MAX_GUIDE_BYTES
     guide_compile_timeout_s: float = DEFAULT_GUIDE_COMPILE_TIMEOUT_S
+    max_guide_cache_bytes: int = DEFAULT_MAX_GUIDE_CACHE_BYTES
 
     @property
     def batch_slots(self) -> int:
@@ -220,6 +226,7 @@ class TransformersExecutor(Executor):
         self._ids = itertools.count(1)
         self._guides: GuideCompiler | None = None  # made on the first guided request (loads xgrammar)
         self._guides_lock = threading.Lock()
+        self._guided = GuidedStarts(self._guide_compiler, self._submit, self._post)
 
     # -- Executor --------------------------------------------------------------------------------------------------
     def enqueue(self, request: GenerationRequest) -> int:
@@ -236,8 +243,11 @@ class TransformersExecutor(Executor):
                 self.engine.submit(request_id, request)
                 return request_id
             sequence = Sequence.from_request(request_id, request, self.vocab_size, self.default_end_id)
-            if request.guided_decoding_type is not None:
-                sequence.guide = self._guide_matcher(request, sequence.end_id)
+            if request.guided_decoding_type is not None:  # starts once its guide is compiled, or ends refused
+                self._check_guide(request)
+                self._guide_compiler()
+                self._guided.admit(sequence, request.guided_decoding_type, request.guided_decoding_guide)
+                return request_id
             self.engine.submit(sequence)
         except EngineDead as exc:
             raise ExecutorError(str(exc)) from None
@@ -256,10 +266,13 @@ class TransformersExecutor(Executor):
             raise ExecutorError(str(exc)) from None
 
     def cancel(self, request_id: int) -> None:
-        self.engine.cancel(request_id)
+        if not self._guided.cancel(request_id):
+            self.engine.cancel(request_id)
 
     def shutdown(self) -> None:
         self.engine.stop()
+        if self._guides is not None:
+            self._guides.close()
 
     def iteration_stats(self) -> list[IterationStats]:
         return self.engine.take_stats()
@@ -270,22 +283,23 @@ class TransformersExecutor(Executor):
     def tokenizer(self) -> Tokenizer | None:
         return self._tokenizer
 
-    def _guide_matcher(self, request: GenerationRequest, end_id: int | None) -> object:
-        """The request's grammar matcher. A guide over the limits, or one that does not compile (on the compiler's
-        pool) within guide_compile_timeout_s, is refused at enqueue with a message naming the limit or the
-        compiler's message."""
+    def _guide_compiler(self) -> GuideCompiler:
+        """The guide compiler, made on the first guided request; RequestRejected without a tokenizer."""
         with self._guides_lock:
             if self._guides is None:
                 if self._tokenizer is None:
                     raise RequestRejected("guided_decoding_guide_type: needs the model's tokenizer", unsupported=True)
                 stop = [self.default_end_id] if self.default_end_id is not None else None
-                self._guides = GuideCompiler(self._tokenizer, self.vocab_size, stop, self.guide_compile_timeout_s)
-        self._check_guide(request)
-        try:
-            compiled = self._guides.compile_within(request.guided_decoding_type, request.guided_decoding_guide)
-        except GuideError as exc:
-            raise RequestRejected(refusal_message(request.guided_decoding_type, exc)) from None
-        return self._guides.matcher(compiled, end_id)
+                self._guides = GuideCompiler(self._tokenizer, self.vocab_size, stop, self.guide_compile_timeout_s,
+                                             self.max_guide_cache_bytes)
+            return self._guides
+
+    def _submit(self, sequence: Sequence) -> None:
+        with suppress(EngineDead):  # the engine's failure reaches every request through await_steps
+            self.engine.submit(sequence)
+
+    def _post(self, steps: list[Step]) -> None:
+        self.engine.post(steps)
 
     def _check_guide(self, request: GenerationRequest) -> None:
         """RequestRejected naming the limit when the guide is over max_guide_bytes or its counts (no compilation)."""
@@ -373,7 +387,8 @@ def settings(params: Params) -> dict:
         "decode_steps": params.int("decode_steps", None, minimum=1, maximum=DEFAULT_BLOCK_SIZE),
         "fused": params.bool("fused_forward", True),
         "guide_limits": (params.int("max_guide_bytes", DEFAULT_MAX_GUIDE_BYTES, minimum=1),
-                         params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001)),
+                         params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001),
+                         params.int("max_guide_cache_bytes", DEFAULT_MAX_GUIDE_CACHE_BYTES, minimum=4)),
         # On CUDA the worker process frees the engine's steps from the stub's GIL; on a small CPU host the thread
         # measured as fast or faster (docs/performance.md), so it stays the default there.
         "engine_process": params.bool("engine_process", device != "cpu"),
@@ -402,6 +417,7 @@ def create(params: Params, shared_as: str | None = None, peers: int = 1) -> Exec
             kv_cache_memory_bytes=s["kv_cache_memory_bytes"], kv_cache_free_gpu_mem_fraction=s["fraction"],
             stats_max_iterations=s["stats_max_iterations"], enable_kv_cache_reuse=s["enable_kv_cache_reuse"],
             cuda_graphs=s["cuda_graphs"], guide_compile_timeout_s=s["guide_limits"][1],
+            max_guide_cache_bytes=s["guide_limits"][2],
             prefill_stall_factor=s["stall_factor"], overlap_steps=s["overlap"], fused_forward=s["fused"],
             decode_steps=s["decode_steps"],
         )
@@ -445,6 +461,6 @@ def create(params: Params, shared_as: str | None = None, peers: int = 1) -> Exec
     ), s["guide_limits"])
 
 
-def _with_guide_limits(executor: TransformersExecutor, limits: tuple[int, float]) -> TransformersExecutor:
-    executor.max_guide_bytes, executor.guide_compile_timeout_s = limits
+def _with_guide_limits(executor: TransformersExecutor, limits: tuple[int, float, int]) -> TransformersExecutor:
+    executor.max_guide_bytes, executor.guide_compile_timeout_s, executor.max_guide_cache_bytes = limits
     return executor
