@@ -133,10 +133,13 @@ class StreamClient:
         except grpc.RpcError:
             pass  # stream closed or cancelled
 
-    def send(self, model: str, inputs, request_id: str, parameters: dict | None = None) -> StreamResult:
+    def send(self, model: str, inputs, request_id: str, parameters: dict | None = None,
+             outputs: list[str] | None = None) -> StreamResult:
+        """`outputs`: the outputs to ask for (None: all)."""
         result = StreamResult()
         self.results[request_id] = result
-        request = _get_inference_request(model, inputs, "", request_id, None, 0, False, False, 0, None, parameters)
+        wanted = [grpcclient.InferRequestedOutput(name) for name in outputs] if outputs else None
+        request = _get_inference_request(model, inputs, "", request_id, wanted, 0, False, False, 0, None, parameters)
         request.parameters["triton_enable_empty_final_response"].bool_param = True
         self._requests.put(request)
         return result

@@ -22,7 +22,7 @@ import triton_python_backend_utils as pb_utils
 
 from .build_limits import request_limits
 from .conventions import llmapi
-from .conventions.common import InvalidInput, Limits, ParsedRequest
+from .conventions.common import InvalidInput, Limits, ParsedRequest, check_request_prompts_size
 from .conventions.inflight_batcher import parameters_dict, request_parser, split_batch
 from .conventions.parsing import RequestParser, parse_together
 from .executors import DEFAULT_EXECUTOR, create_executor
@@ -176,10 +176,13 @@ class TritonPythonModel:
 
     def _row_parsers(self, request) -> list[RequestParser]:
         parameters = parameters_dict(request_parameters_json(request), self.limits.accepted_parameters)
+        tensors = request_tensors(request)
+        if "text_input" in tensors and self.tokenizer is not None:
+            check_request_prompts_size("text_input", tensors["text_input"], self.limits, self.tokenizer)
         if self.llmapi is not None:
-            batch = llmapi.split_batch(request_tensors(request), self.llmapi_options.batched)
+            batch = llmapi.split_batch(tensors, self.llmapi_options.batched)
         else:
-            batch = split_batch(request_tensors(request))
+            batch = split_batch(tensors)
         if len(batch) > 1 and not self.limits.decoupled:
             raise InvalidInput(f"a batch of {len(batch)} sequences in one request needs the decoupled model "
                                "(one response per sequence); send one per request", unsupported=True)

@@ -110,8 +110,12 @@ class Poller:
 
     def submit_rows(self, rows: list[RequestContext]) -> None:
         """Hand a request's rows to the executor; a batched request's rows go through the row gate, all accepted or
-        all refused."""
-        if len(rows) == 1 or self._rows.limit is None or any(ctx.parsed.stop_only for ctx in rows):
+        all refused. A `stop` row stops by id at once; it never lets the request's other rows past the gate."""
+        for ctx in rows:
+            if ctx.parsed.stop_only:
+                self.submit(ctx)
+        rows = [ctx for ctx in rows if not ctx.parsed.stop_only]
+        if len(rows) <= 1 or self._rows.limit is None:
             for ctx in rows:
                 self.submit(ctx)
             return

@@ -42,8 +42,8 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    loop); the stub only checks their limits
   max_guide_cache_bytes  compiled guides kept, by their size (default 67108864, 64 MiB); one guide whose grammar
                    is over a quarter of it is refused (INVALID_ARG) and not kept
-  prefill_stall_factor  a step that prefills a prompt chunk beside decoding streams takes at most this many times a
-                   decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is steered
+  prefill_stall_factor  a step that prefills a prompt chunk (beside decoding streams or not) takes at most this many
+                   times a decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is steered
                    by the engine's own step times, chunks of at least 8 tokens (embedded/step_budget.py). Lower
                    keeps running streams' gaps shorter and starts a long prompt later: on 2 CPU cores, 1.75 against
                    2.5 took a 2,048-token prompt's first token from about 8 to 10-14 s (docs/performance.md)
