@@ -1,6 +1,8 @@
 """What an open-and-cancel loop against `ensemble` does to other clients (issue 31 item 5).
 
     .venv/bin/python bench/ensemble_cancel_flood.py [--seconds 20] [--rows 64] [--max-tokens 2000] [--flooders 1]
+    .venv/bin/python bench/ensemble_cancel_flood.py --model tensorrt_llm --stop-row --no-cancel   # a `stop` row
+    .venv/bin/python bench/ensemble_cancel_flood.py --cancel-once --rows 1 --max-tokens 400 --executor transformers
 
 Starts `trtllm-triton serve --executor synthetic` (the project repository: `ensemble` is a one-step Triton ensemble
 over `tensorrt_llm`). `--flooders` threads each loop: open a gRPC stream, send one `ensemble` request of `--rows`
@@ -8,6 +10,9 @@ rows with `--max-tokens`, wait for its first response, cancel the call (as `stop
 Triton 2.51 checks an ensemble's cancellation only between its steps, so `tensorrt_llm` may never hear of it.
 Meanwhile a victim sends one 8-token `tensorrt_llm` request every 0.1 s and records whether it was served and its
 time to last token; the model's `nv_llm_open_requests` is sampled each second. Prints a summary; `--json` writes it.
+`--model tensorrt_llm` sends the flood there directly; `--stop-row` makes its row 0 a `stop` (for an id not in flight).
+`--cancel-once`: no flood, no victim; one request of `--rows` rows, cancelled at its first response; prints how long
+after the cancel the model's open requests reach 0 (`--executor` picks the engine).
 """
 
 from __future__ import annotations
@@ -29,19 +34,23 @@ from prometheus_text import scrape  # noqa: E402
 from triton_client import StreamClient, stream_once, tensor, token_inputs  # noqa: E402
 
 
-def ensemble_rows(rows: int, max_tokens: int) -> list:
-    return [
+def ensemble_rows(rows: int, max_tokens: int, stop_row: bool = False) -> list:
+    inputs = [
         tensor("text_input", [[f"flood {i}".encode()] for i in range(rows)], np.object_),
         tensor("max_tokens", [[max_tokens]] * rows, np.int32),
         tensor("stream", [[True]] * rows, np.bool_),
     ]
+    if stop_row:
+        inputs.append(tensor("stop", [[i == 0] for i in range(rows)], np.bool_))
+    return inputs
 
 
-def flood(url: str, rows: int, max_tokens: int, stop: threading.Event, counts: dict, cancel: bool) -> None:
+def flood(url: str, rows: int, max_tokens: int, stop: threading.Event, counts: dict, cancel: bool,
+          model: str = "ensemble", stop_row: bool = False) -> None:
     while not stop.is_set():
         client = StreamClient(url)
         try:
-            result = client.send("ensemble", ensemble_rows(rows, max_tokens), f"flood-{counts['sent']}")
+            result = client.send(model, ensemble_rows(rows, max_tokens, stop_row), f"flood-{counts['sent']}")
             counts["sent"] += 1
             deadline = time.monotonic() + 5
             while not result.responses and not result.errors and time.monotonic() < deadline:
@@ -63,8 +72,29 @@ def victim(url: str, stop: threading.Event, outcomes: list) -> None:
         time.sleep(0.1)
 
 
+def cancel_once(rows: int, max_tokens: int, model: str, executor: str, parameters: dict[str, str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ensemble-cancel-") as workdir:
+        server = start_server(Path(workdir), executor=executor, parameters=parameters)
+        try:
+            client = StreamClient(server.grpc_url)
+            result = client.send(model, ensemble_rows(rows, max_tokens), "cancelled")
+            while not result.responses and not result.errors:
+                time.sleep(0.005)
+            client.cancel()
+            cancelled = time.monotonic()
+            client.close()
+            while scrape(server.metrics_url).value("nv_llm_open_requests", model="tensorrt_llm") and \
+                    time.monotonic() - cancelled < 600:
+                time.sleep(0.2)
+            ended_s = time.monotonic() - cancelled
+        finally:
+            server.stop()
+    return {"rows": rows, "max_tokens": max_tokens, "model": model, "executor": executor, "parameters": parameters,
+            "open_requests_at_0_after_cancel_s": round(ended_s, 1)}
+
+
 def run(seconds: float, rows: int, max_tokens: int, flooders: int, parameters: dict[str, str],
-        cancel: bool = True) -> dict:
+        cancel: bool = True, model: str = "ensemble", stop_row: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="ensemble-flood-") as workdir:
         server = start_server(Path(workdir), parameters=parameters)
         try:
@@ -76,8 +106,8 @@ def run(seconds: float, rows: int, max_tokens: int, flooders: int, parameters: d
             time.sleep(3)
             base_stop.set()
             base.join()
-            threads = [threading.Thread(target=flood, args=(server.grpc_url, rows, max_tokens, stop, counts, cancel))
-                       for _ in range(flooders)]
+            threads = [threading.Thread(target=flood, args=(server.grpc_url, rows, max_tokens, stop, counts, cancel,
+                                                            model, stop_row)) for _ in range(flooders)]
             threads.append(threading.Thread(target=victim, args=(server.grpc_url, stop, outcomes)))
             for thread in threads:
                 thread.start()
@@ -102,6 +132,7 @@ def run(seconds: float, rows: int, max_tokens: int, flooders: int, parameters: d
             refusals[error] = refusals.get(error, 0) + 1
     return {
         "rows": rows, "max_tokens": max_tokens, "flooders": flooders, "cancel": cancel, "seconds": seconds, "parameters": parameters,
+        "model": model, "stop_row": stop_row,
         "flood_requests": counts,
         "victim_alone_p50_s": statistics.median(s for _, s in baseline),
         "victim_requests": len(outcomes), "victim_served": len(served),
@@ -121,10 +152,18 @@ def main() -> int:
     parser.add_argument("--flooders", type=int, default=1)
     parser.add_argument("--param", action="append", default=[], help="tensorrt_llm parameter key=value")
     parser.add_argument("--no-cancel", action="store_true", help="flooders keep their requests to the end")
+    parser.add_argument("--model", choices=["ensemble", "tensorrt_llm"], default="ensemble")
+    parser.add_argument("--stop-row", action="store_true", help="row 0 of each flood request is a `stop`")
+    parser.add_argument("--cancel-once", action="store_true", help="one request, cancelled at its first response")
+    parser.add_argument("--executor", default="synthetic", help="with --cancel-once: the engine")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     parameters = dict(p.split("=", 1) for p in args.param)
-    report = run(args.seconds, args.rows, args.max_tokens, args.flooders, parameters, cancel=not args.no_cancel)
+    if args.cancel_once:
+        report = cancel_once(args.rows, args.max_tokens, args.model, args.executor, parameters)
+    else:
+        report = run(args.seconds, args.rows, args.max_tokens, args.flooders, parameters, cancel=not args.no_cancel,
+                     model=args.model, stop_row=args.stop_row)
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:

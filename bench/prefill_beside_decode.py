@@ -4,6 +4,8 @@ threads).
     .venv/bin/python bench/prefill_beside_decode.py forwards        # ~2 min: what a step's forwards cost
     .venv/bin/python bench/prefill_beside_decode.py steps 2.5       # ~1 min: the step budget's steps, one run
     .venv/bin/python bench/prefill_beside_decode.py steps 2.5 --no-fused-forward   # transformers' forward, apart
+    .venv/bin/python bench/prefill_beside_decode.py newcomer 2.5    # ~4 min: a request beside a long prompt's prefill
+    .venv/bin/python bench/prefill_beside_decode.py context 2.5     # ~2 min: a stream beside a context-logits prompt
 
 forwards: milliseconds (median of 7 calls) of a decode step of 16 rows (100-token contexts), of a prompt chunk of 32,
 64 or 128 tokens at prefix 0, 1,024 and 1,920, with transformers' forward and with fused_forward's eager pieces,
@@ -12,6 +14,13 @@ and of the decode rows and the chunk in two forwards against one (`ModelRunner.m
 steps: 16 streams decode (60-token prompts), then a 2,048-token prompt arrives; prints the engine's steps while it
 prefills (decoding rows, prompt tokens, ms, the budget's next chunk) and its time to first token, with the executor's
 `prefill_stall_factor` as given.
+
+newcomer: a 4,096-token prompt prefills on an idle engine (max_num_tokens 2,048, max_input_len 4,096, the factor as
+given); 1 s in, a 5-token request arrives. Prints its time to first token against its time alone (median of 3, same
+run), and the long prompt's time to first token against the same prompt's alone.
+
+context: one stream decodes; a 1,000-token prompt arrives, without and then with return_context_logits. Prints the
+stream's longest wait between tokens while each is prefilled and answered.
 """
 
 from __future__ import annotations
@@ -129,9 +138,80 @@ def steps(factor: float, fused: bool, dtype: str) -> None:
         executor.shutdown()
 
 
+def first_token_s(executor: TransformersExecutor, request_id: int, sent: float, firsts: dict[int, float]) -> float:
+    """Seconds from `sent` to `request_id`'s first token, reading steps (and noting every request's first token)."""
+    while request_id not in firsts:
+        for step in executor.await_steps(0.5):
+            if step.token_ids and step.request_id not in firsts:
+                firsts[step.request_id] = time.monotonic()
+    return firsts[request_id] - sent
+
+
+def newcomer(factor: float, dtype: str) -> None:
+    loaded = load_model(dtype=dtype)
+    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=32, max_num_tokens=2048,
+                                    max_input_len=4096, prefill_stall_factor=factor)
+    rng = random.Random(1)
+    firsts: dict[int, float] = {}
+
+    def small() -> float:
+        sent = time.monotonic()
+        request = GenerationRequest(input_ids=[1, 504, 3575, 314, 2866], max_tokens=8, end_id=-1)
+        return first_token_s(executor, executor.enqueue(request), sent, firsts)
+
+    def long() -> tuple[int, float]:
+        request = GenerationRequest(input_ids=[rng.randrange(100, 40000) for _ in range(4096)], max_tokens=1, end_id=-1)
+        return executor.enqueue(request), time.monotonic()
+
+    try:
+        alone = statistics.median(small() for _ in range(3))
+        long_alone = first_token_s(executor, *long(), firsts)
+        time.sleep(1)
+        long_id, long_sent = long()
+        time.sleep(1)
+        beside = small()
+        long_beside = first_token_s(executor, long_id, long_sent, firsts)
+        print(f"{dtype}, factor {factor}: newcomer TTFT {beside:.2f} s beside a 4,096-token prefill, {alone:.2f} s "
+              f"alone ({beside / alone:.1f}x); the long prompt's TTFT {long_beside:.1f} s, {long_alone:.1f} s alone "
+              f"({long_beside / long_alone:.2f}x)", flush=True)
+    finally:
+        executor.shutdown()
+
+
+def longest_gap_s(executor: TransformersExecutor, prompt: list[int], context_logits: bool) -> float:
+    """The longest wait between a decoding stream's tokens while `prompt` is prefilled and answered beside it."""
+    stream = executor.enqueue(GenerationRequest(input_ids=[1, 504, 3575], max_tokens=4000, min_tokens=4000, end_id=-1))
+    while not any(step.request_id == stream and step.token_ids for step in executor.await_steps(0.5)):
+        pass
+    asked = executor.enqueue(GenerationRequest(input_ids=prompt, max_tokens=1, end_id=-1,
+                                               return_context_logits=context_logits))
+    arrivals, answered = [time.monotonic()], False
+    while not answered:
+        for step in executor.await_steps(0.5):
+            if step.request_id == stream and step.token_ids:
+                arrivals.append(time.monotonic())
+            answered = answered or (step.request_id == asked and step.is_final)
+    arrivals.append(time.monotonic())
+    executor.cancel(stream)
+    return max(later - earlier for earlier, later in zip(arrivals, arrivals[1:]))
+
+
+def context(factor: float, dtype: str) -> None:
+    loaded = load_model(dtype=dtype)
+    executor = TransformersExecutor(loaded.model, loaded.tokenizer, max_batch_size=32, max_num_tokens=2048,
+                                    max_input_len=4096, prefill_stall_factor=factor)
+    rng = random.Random(1)
+    try:
+        gaps = [longest_gap_s(executor, [rng.randrange(100, 40000) for _ in range(1000)], wanted) for wanted in (False, True)]
+        print(f"{dtype}, factor {factor}: a stream's longest wait beside a 1,000-token prompt {gaps[0]:.2f} s, "
+              f"{gaps[1]:.2f} s when it asks for its context logits", flush=True)
+    finally:
+        executor.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["forwards", "steps"])
+    parser.add_argument("what", choices=["forwards", "steps", "newcomer", "context"])
     parser.add_argument("factor", type=float, nargs="?", default=2.5, help="steps: prefill_stall_factor")
     parser.add_argument("--fused-forward", action=argparse.BooleanOptionalAction, default=True,
                         help="steps: fused forwards, the chunk in the decode step's forward (default) or not")
@@ -142,6 +222,10 @@ def main() -> None:
     args.dtype = args.dtype or default_dtype("cpu")
     if args.what == "forwards":
         forwards(args.dtype)
+    elif args.what == "newcomer":
+        newcomer(args.factor, args.dtype)
+    elif args.what == "context":
+        context(args.factor, args.dtype)
     else:
         steps(args.factor, args.fused_forward, args.dtype)
 

@@ -18,6 +18,8 @@
 #   EXIT_TIMEOUT_SECS   tritonserver's --exit-timeout-secs (30): how long a stop waits for the models to unload;
 #                       keep Kubernetes' terminationGracePeriodSeconds above preStop time + this (docs/kubernetes.md)
 #   CONFIGURE_ONLY=1    write the model repository and exit (a multi-node worker: mpirun starts its ranks)
+#   OPENAI_PORT         the OpenAI-compatible API (`trtllm-triton openai`, on every interface) on this port next to
+#                       tritonserver, stopped with it; unset or empty: none
 #   TRTLLM_TRITON_ADMIN_KEY  the key Triton's model-repository API (load, unload, index) asks for, in the header
 #                       trtllm-admin-key (gRPC: triton-grpc-protocol-trtllm-admin-key); unset: a random one per start,
 #                       never printed, so nobody can load or unload models over the network (docs/security.md)
@@ -80,6 +82,14 @@ serving=(--http-port="$http_port" --grpc-port="$grpc_port" --metrics-port="$metr
          --allow-metrics=true --model-control-mode=explicit '--load-model=*'
          --exit-timeout-secs="${EXIT_TIMEOUT_SECS:-30}" "${restricted[@]}")
 
+# The OpenAI API reads the model's tokenizer through the repository (no admin key needed).
+frontend=
+if [ -n "${OPENAI_PORT:-}" ]; then
+  PYTHONPATH="$package_root" "$python" -m trtllm_model.cli openai --triton-url="127.0.0.1:$grpc_port" --host=0.0.0.0 \
+    --port="$OPENAI_PORT" --model-repository="$repository" &
+  frontend=$!
+fi
+
 if [ "$executor" = trtllm_engine ] && [ "$world_size" -gt 1 ] && [ "${TRTLLM_ORCHESTRATOR:-0}" != 1 ]; then
   # Leader mode: one tritonserver per rank. Rank 0 serves; the others only load the model (their executor
   # joins the engine's MPI world and never takes requests), with no endpoints and their own shared memory names.
@@ -108,6 +118,7 @@ server=$!
 grace=$(( ${EXIT_TIMEOUT_SECS:-30} + 5 ))
 stop_server() {
   kill -TERM "$server" 2>/dev/null || true
+  if [ -n "$frontend" ]; then kill -TERM "$frontend" 2>/dev/null || true; fi
   ( sleep "$grace"; pkill -KILL -P "$server" 2>/dev/null || true; kill -KILL "$server" 2>/dev/null || true ) &
 }
 trap stop_server TERM INT
@@ -115,4 +126,5 @@ while true; do
   wait "$server" && status=0 || status=$?  # a trapped signal also ends the wait: wait again until it is gone
   kill -0 "$server" 2>/dev/null || break
 done
+if [ -n "$frontend" ]; then kill -TERM "$frontend" 2>/dev/null || true; wait "$frontend" 2>/dev/null || true; fi
 exit "$status"

@@ -239,17 +239,18 @@ def _llmapi_openai_server(tmp_path_factory, name: str, serve_args: list[str]) ->
 
 @pytest.fixture(scope="session")
 def llmapi_unary_server(tmp_path_factory):
-    """model_repository_llmapi as it is (decoupled: False, as NVIDIA's model.yaml), the embedded SmolLM2, with the
-    OpenAI frontend: (server, base URL), shared by the LLM API layout's e2e tests that neither stop nor change it."""
-    server, base_url = _llmapi_openai_server(tmp_path_factory, "llmapi_unary_server", [])
+    """model_repository_llmapi unary (decoupled: False, as NVIDIA's model.yaml; `serve --decoupled false`, since
+    with its OpenAI API `serve` would serve it decoupled), the embedded SmolLM2, with the OpenAI frontend: (server,
+    base URL), shared by the LLM API layout's e2e tests that neither stop nor change it."""
+    server, base_url = _llmapi_openai_server(tmp_path_factory, "llmapi_unary_server", ["--decoupled", "false"])
     yield server, base_url
     server.stop()
 
 
 @pytest.fixture(scope="session")
 def llmapi_stream_server(tmp_path_factory):
-    """The same, decoupled (`serve --decoupled true`), for streaming clients."""
-    server, base_url = _llmapi_openai_server(tmp_path_factory, "llmapi_stream_server", ["--decoupled", "true"])
+    """The same as `serve` runs it by default with its OpenAI API: decoupled, for streaming clients."""
+    server, base_url = _llmapi_openai_server(tmp_path_factory, "llmapi_stream_server", [])
     yield server, base_url
     server.stop()
 
@@ -260,3 +261,12 @@ def unary_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("unary"), executor="synthetic", serve_args=["--decoupled", "false"])
     yield server
     server.stop()
+
+
+@pytest.fixture
+def busy_core():
+    """One process spinning on a core beside the test, as a busy CI node or a neighbour on the host would."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    yield spinner
+    spinner.kill()
+    spinner.wait()

@@ -38,3 +38,12 @@ def test_every_service_starts_tritonserver_through_the_launcher_with_the_operato
         assert service["entrypoint"] == ["bash", "/opt/trtllm_triton/deploy/launch_trtllm.sh"], name
         assert "command" not in service, name  # no tritonserver flags of its own
         assert service["environment"]["TRTLLM_TRITON_ADMIN_KEY"] == "operator-key-0123456789", name
+
+
+def test_every_service_serves_the_openai_api_on_9000():
+    """The launcher starts the OpenAI-compatible API next to tritonserver (tests/test_launch_trtllm.py) on
+    OPENAI_PORT; each service sets it and publishes the port."""
+    config = yaml.safe_load(compose_config("--profile", "llmapi"))
+    for name, service in config["services"].items():
+        assert service["environment"]["OPENAI_PORT"] == "9000", name
+        assert any(port["published"] in ("9000", 9000) and port["target"] == 9000 for port in service["ports"]), name

@@ -15,7 +15,6 @@ Our own code; no line of NVIDIA's scripts. What the scripts send:
 
 from __future__ import annotations
 
-import json
 import queue
 import shutil
 import time
@@ -23,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 import tritonclient.grpc as grpcclient
 from conftest import start_server
 from triton_client import as_inputs
@@ -331,18 +329,6 @@ def test_batched_text_input_answers_each_row_on_one_stream(batched_server):
     [error] = mismatched
     assert isinstance(error, InferenceServerException)
     assert "batch size does not match" in error.message()  # Triton refuses it before the model sees it
-
-
-def test_the_readme_request_for_this_layout_answers(unary_server):
-    # README.md's copy-paste request for `make serve LAYOUT=llmapi`, sent as written (its JSON between the quotes).
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    command = next(line for line in readme.splitlines()
-                   if line.startswith("curl -s localhost:8000/v2/models/tensorrt_llm/generate -d '"))
-    body = json.loads(command.split("-d '", 1)[1].rsplit("'", 1)[0])
-    response = requests.post(f"{unary_server.http_url}/v2/models/tensorrt_llm/generate", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    text = response.json()["text_output"]
-    assert "Paris" in text and "capital of France?" not in text  # an answer, not the prompt echoed
 
 
 def test_a_tensorrt_llm_without_llmapi_on_pythonpath_is_named_with_this_layouts_fix(tmp_path):

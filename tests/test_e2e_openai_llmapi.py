@@ -1,6 +1,7 @@
 """The OpenAI-compatible frontend in front of NVIDIA's LLM API layout (model_repository_llmapi: `text_input`,
 `sampling_param_*`, the text so far in `text_output`; the embedded SmolLM2 on CPU), as `make serve LAYOUT=llmapi`
-runs it, unary (model.yaml's decoupled: False) and decoupled (`serve --decoupled true`), through the official
+runs it: by default decoupled (with the OpenAI API on, `serve` serves model.yaml's unary model decoupled, so that
+streams stream token by token) and unary (`serve --decoupled false`, streams come whole), through the official
 `openai` client. e488561 listed no model and answered every request 503 "model 'tensorrt_llm' is not ready
 (READY)"."""
 
@@ -53,6 +54,19 @@ def test_streamed_chat_concatenates_to_the_non_streamed(client, served):
     assert "".join(pieces) == whole.choices[0].message.content
     assert len(pieces) > (1 if served[2] == "decoupled" else 0)  # decoupled: token by token; unary: all at once
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_the_start_says_how_streams_come(served):
+    """The banner advertises generate_stream only where the model streams, and says why the API's streams come whole
+    when it does not."""
+    server, _, mode = served
+    banner = server.log().split("trtllm-triton: ready")[1]
+    if mode == "decoupled":
+        assert "serving the LLM API model decoupled, so that the OpenAI API" in server.log()
+        assert "/v2/models/tensorrt_llm/generate_stream" in banner and "one chunk" not in banner
+    else:
+        assert "generate_stream" not in banner
+        assert "not decoupled: `stream: true` answers in one chunk" in banner
 
 
 def test_completions_and_stop_strings(client):

@@ -16,12 +16,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import grpc
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 from conftest import start_server
 from prometheus_text import scrape
+from test_shared_engine import exited
 from triton_client import StreamClient, stream_once, tensor, text_inputs, token_inputs, wait_until_streaming
 
 from trtllm_model.executors.synthetic import synthetic_token
@@ -404,6 +407,29 @@ def test_executor_crash_ends_every_stream_within_1_s_and_the_model_reports_not_r
         grpc_client.load_model("tensorrt_llm", headers=server.admin_headers)
         assert stream_once(server.grpc_url, "tensorrt_llm", token_inputs([4], 3)).tokens() == expected([4], 3)
         client.close()
+    finally:
+        server.stop()
+
+
+def test_a_killed_stub_ends_its_streams_and_the_model_reports_not_ready(tmp_path):
+    """Triton 2.51 neither restarts a decoupled model's stub nor answers the requests the stub held, and such a model
+    never unloads: `serve` sees the stub die, unloads what can unload, and ends the server (exit 1, naming the
+    instance). The held streams end, their gRPC call with UNAVAILABLE, instead of hanging; nothing is left running."""
+    server = start_server(tmp_path, new_session=True)
+    try:
+        (tritonserver,) = psutil.Process(server.process.pid).children()
+        processes = [tritonserver, *tritonserver.children(recursive=True)]
+        (stub,) = [p for p in processes if "tensorrt_llm_0_0" in p.cmdline()]
+        client = StreamClient(server.grpc_url)
+        streams = [client.send("tensorrt_llm", token_inputs([i], 4000), f"s{i}") for i in range(3)]
+        wait_until_streaming(streams, 30)
+        stub.kill()
+        assert client.call_ended.wait(30), "the killed stub's streams never ended"
+        assert client.call_code == grpc.StatusCode.UNAVAILABLE, client.call_code
+        assert not kubelet_http_probe(server, {"httpGet": {"path": "/v2/models/tensorrt_llm/ready"}})
+        assert server.process.wait(30) == 1
+        assert f"(pid {stub.pid}) ended while serving" in server.log(), server.log()[-3000:]
+        assert [p.pid for p in processes if not exited(p.pid, 10)] == [], "a process outlived the server"
     finally:
         server.stop()
 

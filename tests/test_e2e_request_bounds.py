@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_server
-from triton_client import StreamClient, as_inputs, model_error, stream_once, text_inputs, token_inputs
+from triton_client import StreamClient, as_inputs, model_error, stream_once, tensor, text_inputs, token_inputs
 from tritonclient.utils import InferenceServerException
 
 from trtllm_model.request_checks import MAX_WORDS
@@ -18,9 +18,9 @@ from trtllm_model.request_checks import MAX_WORDS
 pytestmark = pytest.mark.e2e
 
 VOCAB = 49152  # SmolLM2's
-LOGITS_TOKENS = 24  # return_generation_logits of this many tokens: 24 x 49152 x 4 = 4.7 MB
-# Room for one such request in flight, not two.
-TOTAL_LOGITS_BYTES = 6_000_000
+LOGITS_TOKENS = 24  # return_generation_logits of this many tokens: 24 x 49152 x 4 = 4.7 MB, 9.4 MB at their peak
+# Room for one such request in flight at its peak, not two (two fitted when the budget counted one copy).
+TOTAL_LOGITS_BYTES = 12_000_000
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +66,38 @@ def test_huge_prompt_and_word_list_are_refused_while_a_small_stream_is_answered(
     assert after.errors == [] and after.text()
 
 
+def test_a_batch_of_long_prompts_is_refused_whole_before_any_is_tokenized(server):
+    """64 prompts of 600 KB in one request (38.4 MB), each under the one-prompt bound (663,552 bytes): together they
+    are over what one prompt may carry and the request is refused from their sizes, before the small stream beside it
+    (already generating) has finished its 96 tokens. Tokenized row by row they took the model's intake for 16-20 s and
+    left the stub 2.9 GiB larger."""
+    rows, row_bytes = 64, 600_000
+    small_client, big_client = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
+    try:
+        small = small_client.send("tensorrt_llm", token_inputs([1, 504, 3575], 96, min_tokens=(96, np.int32)), "small")
+        while not small.responses and not small.done.is_set():
+            small.done.wait(0.05)
+        prompts = np.array([[(b"hello world " * (row_bytes // 12))] for _ in range(rows)], np.object_)
+        batch = big_client.send("tensorrt_llm", [tensor("text_input", prompts, np.object_),
+                                                 tensor("max_tokens", np.full((rows, 1), 8), np.int32),
+                                                 tensor("stream", np.full((rows, 1), True), np.bool_)], "batch")
+        batch.wait(300)
+        small_done_after_refusal = not small.done.is_set()
+        small.wait(300)
+    finally:
+        small_client.close()
+        big_client.close()
+    assert len(batch.errors) == 1 and _errors(batch)[0].startswith(
+        f"INVALID_ARG: text_input: {rows * row_bytes} bytes in {rows} prompts; a request's prompts together at most "
+        "663552 bytes"), batch.errors
+    assert small.errors == [] and small.finals == 1 and len(small.tokens()) == 96
+    assert small_done_after_refusal, "the refusal came after the small stream had finished"
+
+
 def test_logits_of_requests_in_flight_share_one_budget(server):
-    """Two requests asking for 4.7 MB of logits each against max_total_logits_bytes=6000000: the second, sent while
-    the first runs, is refused UNAVAILABLE (retry later); once the first has ended a third is answered."""
+    """Two requests asking for 4.7 MB of logits each, 9.4 MB at their peak (the engine's copy and the response's),
+    against max_total_logits_bytes=12000000: the second, sent while the first runs, is refused UNAVAILABLE (retry
+    later); once the first has ended a third is answered."""
     first_client, second_client = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
     logits = {"return_generation_logits": (True, np.bool_), "min_tokens": (LOGITS_TOKENS, np.int32)}
     try:

@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
+from conftest import start_server
 from openai import AsyncOpenAI, OpenAI
 from prometheus_text import scrape
+from triton_client import StreamClient, stream_once, token_inputs
 
 pytestmark = pytest.mark.e2e
 
@@ -90,3 +93,31 @@ def test_a_prompt_over_max_num_tokens_is_answered_on_an_idle_server(served):
         completion = client.completions.create(model="tensorrt_llm", prompt=prompt, max_tokens=2,
                                                extra_body={"ignore_eos": True})
     assert completion.usage.prompt_tokens == 2100 and completion.usage.completion_tokens == 2
+
+
+
+def test_a_request_is_answered_between_a_long_prompts_prefill_chunks(tmp_path):
+    """While a 3,000-token prompt prefills in chunks (max_num_tokens 128: at least 24 of them), a newcomer is admitted,
+    prefilled and decoded between its chunks: its whole answer comes before the long prompt's first token. It waited
+    for the whole prefill (35 s for 4,096 tokens on a 2-core CPU) when partial prefills took every step's tokens."""
+    server = start_server(tmp_path, executor="transformers", models=("tensorrt_llm",),
+                          parameters={"max_num_tokens": "128"})
+    long_client, new_client = StreamClient(server.grpc_url), StreamClient(server.grpc_url)
+    try:
+        # A short request first: the engine has a decode-only step's time to size prompt chunks against.
+        assert stream_once(server.grpc_url, "tensorrt_llm", token_inputs([1, 504, 3575], 8), timeout_s=120).errors == []
+        long = long_client.send("tensorrt_llm", token_inputs([1000 + (i * 7919) % 40000 for i in range(3000)], 1),
+                                "long")
+        time.sleep(1)  # it is admitted and prefilling by now (its prefill takes far longer)
+        newcomer = new_client.send("tensorrt_llm", token_inputs([1, 504, 3575, 314, 2866], 4,
+                                                                min_tokens=(4, np.int32)), "newcomer")
+        newcomer.wait(300)
+        long_had_a_token = bool(long.responses)
+        long.wait(300)
+    finally:
+        long_client.close()
+        new_client.close()
+        server.stop()
+    assert newcomer.errors == [] and len(newcomer.tokens()) == 4
+    assert long.errors == [] and len(long.tokens()) == 1
+    assert not long_had_a_token, "the newcomer was answered only after the long prompt's prefill"

@@ -11,11 +11,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_server
 from test_e2e_engine_process import engine_workers, signal_once_streaming
 from test_e2e_multi_instance import INSTANCES, ONE_INSTANCE, TWO_INSTANCES, per_instance
+from test_shared_engine import exited
 from triton_client import StreamClient, stream_once, token_inputs, wait_until_streaming
 
 pytestmark = pytest.mark.e2e
@@ -69,19 +71,21 @@ def test_two_instances_share_one_engine_worker_both_serve_and_its_death_ends_eve
         server.stop()
 
 
-def test_serve_instances_2_shares_one_worker_and_a_stop_with_streams_on_both_ends_cleanly(tmp_path):
+def test_serve_instances_2_shares_one_worker_and_a_stop_with_streams_on_both_ends_cleanly(tmp_path, busy_core):
     server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "4", "engine_process": "true"},
                           serve_args=["--instances", "2"], new_session=True)
     try:
         (worker,) = engine_workers(server)
+        processes = psutil.Process(server.process.pid).children(recursive=True)
         assert "2 instance(s) of tensorrt_llm" in server.log()
         assert len(re.findall(r"stub \d \(pid \d+\) attached", server.log())) == 2, server.log()[-3000:]
         result = stream_once(server.grpc_url, "tensorrt_llm", token_inputs(PROMPTS[0], 4), timeout_s=120)
         assert result.errors == [] and len(result.tokens()) == 4
 
-        # Ctrl-C with streams open on both instances: each stream ends with one final, both stubs leave the worker
-        # (a bye's answer read by a poll already under way was once lost, and that stub waited 30 s), and the server
-        # exits 0 within Triton's exit timeout, which it spends on the instances one after another.
+        # Ctrl-C with streams open on both instances, a core kept busy beside: each stream ends with one final, both
+        # stubs leave the worker (a bye's answer read by a poll already under way was once lost, and that stub waited
+        # 30 s), and the server exits 0 within Triton's exit timeout, which it spends on the instances one after
+        # another (each instance releases its executor when it sees the unload, not when Triton finalizes it).
         client = StreamClient(server.grpc_url)
         streams = []
         while not all(per_instance(server, "nv_llm_open_requests").get(name, 0) > 0 for name in INSTANCES):
@@ -100,4 +104,27 @@ def test_serve_instances_2_shares_one_worker_and_a_stop_with_streams_on_both_end
         assert len(re.findall(r"stub \d left; [01] attached", server.log())) == 2, server.log()[-3000:]
     finally:
         server.stop()
-    worker.wait(10)  # raises psutil.TimeoutExpired while the worker outlives the server
+    assert [p.pid for p in processes if not exited(p.pid, 10)] == [], "a process outlived the server"
+
+
+def test_tritonserver_killed_with_streams_on_two_instances_leaves_no_stub_nor_worker_behind(tmp_path):
+    """However tritonserver ends, what it started ends with it. Killed with streams open on two instances sharing a
+    worker, one stub and the worker once stayed alive (the stub ignores SIGTERM), the worker decoding on."""
+    server = start_server(tmp_path, executor="transformers", parameters={"max_batch_size": "4", "engine_process": "true"},
+                          serve_args=["--instances", "2"], new_session=True)
+    try:
+        (worker,) = engine_workers(server)
+        (tritonserver,) = psutil.Process(server.process.pid).children()
+        processes = tritonserver.children(recursive=True)
+        assert worker in processes and len(processes) == 3, processes  # two stubs and the worker
+        client = StreamClient(server.grpc_url)
+        streams = [client.send("tensorrt_llm", token_inputs([1, 504, 3575 + i], 4000, min_tokens=(4000, np.int32)),
+                               f"t{i}") for i in range(4)]
+        wait_until_streaming(streams, 120)
+        tritonserver.kill()
+        assert server.process.wait(30) != 0
+        alive = [p.pid for p in processes if not exited(p.pid, 10)]
+        assert alive == [], f"outlived tritonserver: {alive}\n{server.log()[-3000:]}"
+        client.close()
+    finally:
+        server.stop()

@@ -146,7 +146,7 @@ def test_a_stop_after_cancellations_over_the_llm_api_is_bounded(tmp_path, stream
     from triton_client import tensor
     from trtllm_support import make_checkpoint_dir
 
-    from trtllm_model.cli import EXIT_KILL_MARGIN_S
+    from trtllm_model.cli import EXIT_KILL_MARGIN_S, UNLOAD_SETTLE_S
     from trtllm_model.server import EXIT_TIMEOUT_S
 
     checkpoint = make_checkpoint_dir(tmp_path / "checkpoint")
@@ -168,7 +168,7 @@ def test_a_stop_after_cancellations_over_the_llm_api_is_bounded(tmp_path, stream
             stopper.close()
         started = time.monotonic()
         os.kill(server.process.pid, signal.SIGTERM)
-        limit = EXIT_TIMEOUT_S + EXIT_KILL_MARGIN_S + 5 if streams_left_open else GONE_WITHIN_S
+        limit = UNLOAD_SETTLE_S + EXIT_TIMEOUT_S + EXIT_KILL_MARGIN_S + 5 if streams_left_open else GONE_WITHIN_S
         code = server.process.wait(limit)
         while any(_alive(pid) for pid in tree):
             assert time.monotonic() - started < limit, f"still running: {[p for p in tree if _alive(p)]}"

@@ -13,7 +13,7 @@ import pytest
 import torch
 from engine_helpers import run_all
 
-from trtllm_model.embedded.guided import GuideBusy, GuideCompiler, GuideError, mask_guided_logits
+from trtllm_model.embedded.guided import COMPILE_THREADS, GuideBusy, GuideCompiler, GuideError, mask_guided_logits
 from trtllm_model.embedded.model_loading import load_model
 from trtllm_model.executor_interface import FinishReason, GenerationRequest, RequestRejected
 from trtllm_model.executors.transformers_executor import TransformersExecutor
@@ -323,21 +323,24 @@ def test_a_small_guide_is_compiled_beside_slow_ones_and_queued_guides_nobody_wai
     def send(n: int) -> None:
         compiler.when_compiled("json_schema", slow[n], lambda outcome: outcomes.setdefault(f"slow{n}", outcome))
 
-    send(0), send(1)
+    for n in range(COMPILE_THREADS):
+        send(n)
     deadline = time.monotonic() + 30
-    while compiler._queue:  # both general threads took theirs
+    while compiler._queue:  # every thread for slow guides took one
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    for n in range(2, 9):
+    for n in range(COMPILE_THREADS, COMPILE_THREADS + 7):
         send(n)
-    leave = compiler.when_compiled("json_schema", slow[9], lambda outcome: outcomes.setdefault("left", outcome))
+    left = slow[COMPILE_THREADS + 7]
+    leave = compiler.when_compiled("json_schema", left, lambda outcome: outcomes.setdefault("left", outcome))
     leave()  # the 8th queued guide: its place is free again
-    send(10), send(11)
-    assert list(outcomes) == ["slow11"], outcomes  # the queue holds 8: the ninth is refused at once
-    assert isinstance(outcomes["slow11"], GuideBusy) and str(outcomes["slow11"]).startswith("queue full")
+    send(COMPILE_THREADS + 8), send(COMPILE_THREADS + 9)
+    over = f"slow{COMPILE_THREADS + 9}"
+    assert list(outcomes) == [over], outcomes  # the queue holds 8: the ninth is refused at once
+    assert isinstance(outcomes[over], GuideBusy) and str(outcomes[over]).startswith("queue full")
     started = time.monotonic()
     assert compiler.compile_within("regex", "[0-9]+") is not None
     assert time.monotonic() - started < 5.0  # 2 ms alone; the slow ones take seconds each
     with compiler._lock:
-        assert ("json_schema", slow[9]) not in compiler._compiling  # left before it started: never compiled
+        assert ("json_schema", left) not in compiler._compiling  # left before it started: never compiled
     assert "left" not in outcomes

@@ -102,6 +102,26 @@ def tokens_of(steps: list[Step]) -> list[int]:
     return [token for step in steps for token in step.token_ids]
 
 
+def test_a_newcomer_is_prefilled_beside_a_partly_prefilled_long_prompt():
+    """A 1,000-token prompt prefills 64 tokens a step; a 100-token newcomer joins with half of a step and the two then
+    share each step (what the newcomer's last chunk leaves goes to the long one), so the newcomer's prompt is done
+    in 4 steps while the long one goes on: a prefill in progress no longer takes every step's tokens."""
+    s = scheduler(num_blocks=400)
+    long, newcomer = sequence(1, 1000, 4), sequence(2, 100, 4, first_token=5000)
+    s.add(long)
+    assert s.admit([], prompt_tokens=64) == [long] and long.prefill_len == 64
+    long.num_computed = long.prefill_end
+    s.add(newcomer)
+    steps = 0
+    while newcomer.num_computed < 100:
+        scheduled = s.admit([], prompt_tokens=64)
+        assert long in scheduled and newcomer in scheduled and sum(seq.prefill_len for seq in scheduled) == 64
+        for seq in scheduled:
+            seq.num_computed = seq.prefill_end
+        steps += 1
+    assert steps == 4 and long.num_computed == 64 + 32 + 32 + 32 + 60
+
+
 def test_the_default_budget_and_the_parameter(loaded):
     executor = new_executor(loaded)
     try:
@@ -178,6 +198,24 @@ def test_a_slow_reader_gets_every_generation_logits_row(loaded):
         executor.shutdown()
 
 
+def test_context_logits_come_from_the_prompts_chunks_and_equal_a_whole_forwards(loaded):
+    """A 100-token prompt prefilled in chunks of at most 32 tokens (max_num_tokens), its cached prefix not used: its
+    context logits are its chunks' logits at every token, those of one forward over the whole prompt."""
+    executor = new_executor(loaded, max_num_tokens=32, max_input_len=200)
+    prompt = [1 + (i * 7919) % 40000 for i in range(100)]
+    try:
+        run_all(executor, [GenerationRequest(input_ids=prompt, max_tokens=1)])  # its blocks are cached now
+        (steps,) = run_all(executor, [GenerationRequest(input_ids=prompt, max_tokens=1, return_context_logits=True)])
+        (context,) = [step.context_logits for step in steps if step.context_logits is not None]
+        with torch.inference_mode():
+            whole = loaded.model(input_ids=torch.tensor([prompt]), use_cache=False).logits[0].float().numpy()
+        assert context.shape == whole.shape == (100, executor.runner.vocab_size)
+        np.testing.assert_allclose(context, whole, atol=0.5 if loaded.model.dtype == torch.bfloat16 else 1e-3)
+        assert (context.argmax(axis=1) == whole.argmax(axis=1)).mean() > 0.95
+    finally:
+        executor.shutdown()
+
+
 BAD_TOKEN = 4242  # the prompt token that makes the patched runner fail
 
 
@@ -207,10 +245,10 @@ def test_a_failure_caused_by_one_request_fails_only_that_request(loaded, monkeyp
 
         monkeypatch.setattr(engine_module, "sample_next_tokens", failing_sample)
     else:
-        def failing_prompt_logits(prompt):
+        def failing_prefill_logits(sequence):
             raise RuntimeError("simulated context logits failure")
 
-        monkeypatch.setattr(runner, "prompt_logits", failing_prompt_logits)
+        monkeypatch.setattr(runner, "prefill_logits", failing_prefill_logits)
     try:
         good = [GenerationRequest(input_ids=[1, 504, 3575 + i, 28], max_tokens=8, min_tokens=8) for i in range(2)]
         bad = GenerationRequest(input_ids=[1, 504, BAD_TOKEN, 28], max_tokens=8, min_tokens=8,

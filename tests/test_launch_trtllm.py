@@ -5,6 +5,7 @@ tritonserver and mpirun are stand-ins here that print their arguments, so the co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -168,3 +169,40 @@ def _alive(pid: int) -> bool:
     # A killed child not yet reaped by its (gone) parent is a zombie: dead for this purpose.
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split(") ")[-1][0] != "Z"
+
+
+def test_openai_port_starts_the_openai_api_next_to_tritonserver_and_stops_it_with_it(tmp_path):
+    """With OPENAI_PORT the launcher runs `trtllm-triton openai` on it (answering /health: 503 while no Triton
+    answers), and a stop of the launcher stops it too."""
+    import requests
+
+    from trtllm_model.server import free_ports
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tritonserver").write_text("#!/bin/sh\nexec sleep 600\n")
+    (bin_dir / "tritonserver").chmod(0o755)
+    (port,) = free_ports(1)
+    environment = {
+        **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, "PTH_DIR": str(tmp_path),
+        "TRTLLM_TRITON_ROOT": str(ROOT), "MODEL_REPOSITORY": str(tmp_path / "repo"), "OPENAI_PORT": str(port),
+        "ENGINE_DIR": "/engines/llama", "EXIT_TIMEOUT_SECS": "1",
+    }
+    launcher = subprocess.Popen(["bash", str(SCRIPT)], env=environment, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        status = None
+        while status is None and time.monotonic() < deadline and launcher.poll() is None:
+            try:
+                status = requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code
+            except requests.ConnectionError:
+                time.sleep(0.5)
+        assert status == 503, launcher.stdout.read() if launcher.poll() is not None else status
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(60) is not None
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)

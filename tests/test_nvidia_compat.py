@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_server
+from prometheus_text import scrape
 from test_e2e_trtllm_fakes import FAKE_ENVIRONMENT, UNSET_LIMITS, repository_with_fake
 from triton_client import StreamClient, model_error, stream_once, tensor, text_inputs, token_inputs
 from trtllm_support import make_engine_dir
@@ -402,6 +403,38 @@ def test_a_batch_of_many_rows_leaves_slots_for_other_clients(synthetic_server):
         assert counts == {i: 100 for i in range(rows)}
     finally:
         client.close()
+
+
+def test_a_stop_row_does_not_let_a_batch_past_the_row_gate(synthetic_server):
+    # A 64-row request whose row 0 is a `stop` (for an id not in flight): its 63 other rows still go through the row
+    # gate, at most 16 of the 32 slots at once; they once all went straight to the engine (32 active, 31 queued
+    # before any one-row client). The engine's active-requests gauge is read while the batch runs.
+    rows = 64
+    client = StreamClient(synthetic_server.grpc_url)
+    stop = np.zeros((rows, 1), bool)
+    stop[0, 0] = True
+    peak = 0.0
+    try:
+        batch = client.send("tensorrt_llm", [as_input("input_ids", np.arange(1, rows + 1, dtype=np.int32)[:, None]),
+                                             as_input("request_output_len", np.full((rows, 1), 100, np.int32)),
+                                             as_input("streaming", np.full((rows, 1), True)),
+                                             as_input("stop", stop)], "gated-batch")
+        deadline = time.monotonic() + 60
+        while not batch.done.is_set() and time.monotonic() < deadline:
+            found = scrape(synthetic_server.metrics_url).find("nv_trt_llm_request_metrics", request_type="active",
+                                                             model="tensorrt_llm")
+            peak = max(peak, *found.values(), 0.0)
+            time.sleep(0.05)
+        batch.wait(60)
+    finally:
+        client.close()
+    assert batch.errors == [] and batch.finals == 1
+    counts: dict[int, int] = {}
+    for response in batch.responses:
+        index, ids = int(response.as_numpy("batch_index")[0][0]), response.as_numpy("output_ids")
+        counts[index] = counts.get(index, 0) + (0 if ids is None else ids.size)  # the stop row's answer has none
+    assert {i: counts.get(i, 0) for i in range(1, rows)} == {i: 100 for i in range(1, rows)}
+    assert 0 < peak <= 16, f"the engine ran {peak} requests at once (the gate's share is 16 of 32)"
 
 
 def test_the_non_decoupled_model_refuses_a_batch_as_unsupported(unary_server):

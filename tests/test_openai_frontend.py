@@ -464,6 +464,7 @@ def test_an_over_long_prompt_is_openais_context_length_exceeded():
                  "request_output_len=100: with the prompt's 4000 tokens that is 4100, over max_seq_len=4096"):
         error = api_error_from_triton(f"INVALID_ARG: {text}", names)
         assert (error.status, error.code, error.param) == (400, "context_length_exceeded", "messages")
+        assert "input_ids" not in error.message  # the prompt as the caller sent it
     assert api_error_from_triton("INVALID_ARG: top_p=2: no", names).code == "invalid_arg"
 
 

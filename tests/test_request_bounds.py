@@ -214,7 +214,7 @@ def test_logits_budget_refuses_past_the_total_and_frees_at_the_final_step():
     with pytest.raises(LogitsBudgetFull, match=full), budget.reserve(50):
         pass
     assert isinstance(LogitsBudgetFull("x"), QueueFull)  # answered UNAVAILABLE, as a full queue
-    with pytest.raises(RequestRejected, match="101 bytes of logits is over max_total_logits_bytes=100"), \
+    with pytest.raises(RequestRejected, match="101 bytes of logits at their peak is over max_total_logits_bytes=100"), \
             budget.reserve(101):
         pass
     budget.release([Step(1, [5])])  # not final: still held
@@ -236,9 +236,9 @@ def test_a_request_that_ends_before_its_enqueue_returns_holds_nothing():
 
 def test_executors_share_the_budget_between_requests_in_flight():
     executor, _ = create_executor({"executor": "synthetic", "synthetic_step_ms": "50", "synthetic_vocab_size": "1000",
-                                   "max_total_logits_bytes": "50000"})
+                                   "max_total_logits_bytes": "100000"})
     try:
-        def logits_request() -> GenerationRequest:  # 10 tokens x 1000 x 4 bytes = 40000
+        def logits_request() -> GenerationRequest:  # 10 tokens x 1000 x 4 bytes = 40000, 80000 at the peak
             return GenerationRequest(input_ids=[1, 2], max_tokens=10, return_generation_logits=True)
 
         first = executor.enqueue(logits_request())

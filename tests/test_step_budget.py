@@ -19,11 +19,20 @@ def run(budget: StepBudget, cost, steps: int = 30, decode_s: float = 0.1) -> lis
     return chunks
 
 
-def test_off_or_with_nothing_decoding_a_step_may_prefill_its_whole_budget():
+def test_off_or_before_any_decode_only_step_a_step_may_prefill_its_whole_budget():
     assert StepBudget(2048, stall_factor=0).prefill_tokens(decoding=16) == 2032
+    assert StepBudget(2048, stall_factor=2.5).prefill_tokens(decoding=0) == 2048
+
+
+def test_with_nothing_decoding_a_step_prefills_the_same_bounded_chunk():
+    """A prompt prefilling alone: a request arriving meanwhile waits for a step of about the stall factor times a
+    decode-only step, not for a 2,048-token chunk."""
     budget = StepBudget(2048, stall_factor=2.5)
-    run(budget, lambda n: 0.005 * n)
-    assert budget.prefill_tokens(decoding=0) == 2048
+    run(budget, lambda n: 0.0025 * n)
+    assert budget.prefill_tokens(decoding=0) == budget.chunk < 100
+    for _ in range(10):  # prompt steps alone cost what a decode step does plus their tokens
+        budget.observe(decoding=0, prompt_tokens=budget.chunk, seconds=0.1 + 0.0025 * budget.chunk)
+    assert abs(budget.prefill_tokens(decoding=0) - 60) <= 1
 
 
 def test_the_first_chunk_is_small_then_it_settles_where_the_step_takes_the_stall_factor():

@@ -107,6 +107,8 @@ class StreamClient:
         self.channel = grpc.insecure_channel(url)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         self.results: dict[str, StreamResult] = {}
+        self.call_ended = threading.Event()  # the gRPC call itself ended (closed, cancelled, or the server went away)
+        self.call_code: grpc.StatusCode | None = None  # how it ended, when the server ended it
         self._requests: queue.Queue = queue.Queue()
         self._call = self.stub.ModelStreamInfer(iter(self._requests.get, None))
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -130,13 +132,18 @@ class StreamClient:
                 if final is not None and final.bool_param:
                     target.finals += 1
                     target.done.set()
-        except grpc.RpcError:
-            pass  # stream closed or cancelled
+        except grpc.RpcError as exc:  # stream closed or cancelled, or the server went away
+            self.call_code = exc.code()
+        finally:
+            self.call_ended.set()
 
-    def send(self, model: str, inputs, request_id: str, parameters: dict | None = None) -> StreamResult:
+    def send(self, model: str, inputs, request_id: str, parameters: dict | None = None,
+             outputs: list[str] | None = None) -> StreamResult:
+        """`outputs`: the outputs to ask for (None: all)."""
         result = StreamResult()
         self.results[request_id] = result
-        request = _get_inference_request(model, inputs, "", request_id, None, 0, False, False, 0, None, parameters)
+        wanted = [grpcclient.InferRequestedOutput(name) for name in outputs] if outputs else None
+        request = _get_inference_request(model, inputs, "", request_id, wanted, 0, False, False, 0, None, parameters)
         request.parameters["triton_enable_empty_final_response"].bool_param = True
         self._requests.put(request)
         return result

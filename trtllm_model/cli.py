@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from .http_guard import HttpGuard, Route
+from .process_watch import LostStubWatch, end_process_group
 from .server import (
     ADMIN_HEADER,
     ADMIN_KEY_ENV,
@@ -45,11 +46,22 @@ SIGNAL_SETTLE_S = 0.2
 # tritonserver 2.51 does not exit while a client keeps a gRPC stream open that carried a request (the model stays
 # live until the stream closes, even past "Exit timeout expired"): `serve` kills it this long after its exit timeout.
 EXIT_KILL_MARGIN_S = 5.0
+# Time the processes tritonserver started get to end on their own after it exited (an engine worker leaves once its
+# last stub has: 0.3 s on the 2-core machine), before they are killed.
+GROUP_EXIT_GRACE_S = 3.0
+# How long a stop waits for the models to unload before it signals tritonserver (a client holding its stream open
+# keeps a model from ever unloading).
+UNLOAD_SETTLE_S = 5.0
+# After a stub was lost, the time the other models get to unload (the lost one's model never does) before the server
+# is killed.
+LOST_STUB_SETTLE_S = 2.0
 
 
 def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | None = None,
-          openai_access_log: bool = True) -> int:
-    """Run tritonserver until it exits; with `openai_port`, the OpenAI frontend next to it (stopped with it)."""
+          openai_access_log: bool = True, verbose: bool = False, served_model_name: str | None = None) -> int:
+    """Run tritonserver until it exits; with `openai_port`, the OpenAI frontend next to it (stopped with it).
+    Unless `verbose`, its start-up tables, the weights' progress bars and the CPU host's harmless complaints are not
+    shown."""
     connect_host = "127.0.0.1" if options.host == "0.0.0.0" else options.host
     busy = ports_in_use(options.host, [options.http_port, options.grpc_port, options.metrics_port])
     if busy:
@@ -68,6 +80,8 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
     guard = HttpGuard([Route(options.host, options.http_port, triton_http_port),
                        Route(options.host, options.metrics_port, triton_metrics_port)])
     extra_env = {READY_URL_ENV: f"http://{connect_host}:{options.http_port}"}
+    if not verbose:
+        extra_env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # transformers' "Loading weights" bars too
     if options.executor:
         extra_env[EXECUTOR_OVERRIDE_ENV] = options.executor
     # tritonserver gets a process group of its own, so that a signal to this one (Ctrl-C in a terminal, `kill
@@ -80,12 +94,13 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         print("trtllm-triton: no CUDA driver on this host: CPU start (no pinned memory, no GPU metrics); "
               "tritonserver's CUDA start-up errors (driver check, ensemble copy stream) are harmless here and not "
               "shown", flush=True)
-    pipe = subprocess.PIPE if cpu_host else None
+    pipe = None if verbose else subprocess.PIPE
     process = subprocess.Popen(server_command(options), env=environment, process_group=0,
                                preexec_fn=_stop_with_parent, stdout=pipe, stderr=pipe)
-    if cpu_host:
+    if not verbose:
+        noise = CPU_HOST_NOISE if cpu_host else ()
         for source, target in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
-            threading.Thread(target=forward_output, args=(source, target), daemon=True).start()
+            threading.Thread(target=forward_output, args=(source, target, noise), daemon=True).start()
 
     stopping = threading.Event()
     killed = threading.Event()
@@ -119,10 +134,28 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)  # its own process group: the stubs go with it
 
+    def stop_on_lost_stub():
+        # A stub that died while the server runs (killed, crashed): Triton 2.51 neither restarts it nor answers the
+        # requests it held, and its model can never unload. Only the server's end ends those streams: the other
+        # models unload first (their streams get their final responses), then the process group goes.
+        lost = LostStubWatch(process.pid).wait_lost(stopping)
+        if not lost or stopping.is_set():
+            return
+        stopping.set()
+        names = ", ".join(f"{stub.instance or '(not known)'} (pid {stub.pid})" for stub in lost)
+        print(f"trtllm-triton: the Python backend stub of model instance {names} ended while serving (killed or "
+              "crashed); Triton cannot answer its open requests nor restart it, so tritonserver is stopped (exit 1): "
+              "start it again, or let your supervisor do it", file=sys.stderr, flush=True)
+        killed.set()
+        unload_models(connect_host, options.http_port, options.admin_key, settle_s=LOST_STUB_SETTLE_S)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
     if wait_until_ready(process, connect_host, options.http_port, ready_timeout_s):
-        print(ready_banner(connect_host, options), flush=True)
+        print(ready_banner(connect_host, options, openai_port), flush=True)
+        threading.Thread(target=stop_on_lost_stub, name="lost-stub-watch", daemon=True).start()
     elif process.poll() is None:
         print(f"trtllm-triton: server not ready after {ready_timeout_s:.0f} s; stopping it", file=sys.stderr)
         process.terminate()
@@ -130,21 +163,39 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         print("trtllm-triton: tritonserver exited before it was ready (see its log above)", file=sys.stderr)
     frontend = None
     if openai_port is not None and process.poll() is None and not stopping.is_set():
-        frontend = start_openai_frontend(options, connect_host, openai_port, openai_access_log)
+        frontend = start_openai_frontend(options, connect_host, openai_port, openai_access_log, served_model_name)
     try:
         code = process.wait()
         return 1 if killed.is_set() else code
     finally:
+        stopping.set()
+        if process.poll() is None:  # serve itself failed: its server goes with it
+            process.kill()
+            process.wait()
+        # However tritonserver ended, nothing it started outlives it: a stub it did not finalize (an exit timeout
+        # that ran out, a crash) ignores SIGTERM, and would keep its shared engine worker decoding.
+        left = end_process_group(process.pid, GROUP_EXIT_GRACE_S)
+        if left:
+            print(f"trtllm-triton: killed what tritonserver left running (pids {', '.join(map(str, left))})",
+                  file=sys.stderr, flush=True)
         if frontend is not None:
             stop_process(frontend)
         guard.close()
 
 
-def forward_output(source, target) -> None:
-    """Copy tritonserver's output (and its models') line by line, less the CPU_HOST_NOISE lines."""
+def forward_output(source, target, noise: tuple[str, ...] = ()) -> None:
+    """Copy tritonserver's output (and its models') line by line, less the lines holding one of `noise` and
+    tritonserver's start-up tables (repository agents, backends, models, options: `--verbose` shows them)."""
+    in_table = False
     for line in iter(source.readline, b""):
         text = line.decode("utf-8", "replace")
-        if any(noise in text for noise in CPU_HOST_NOISE):
+        if text.startswith(("+-", "| ")) or (in_table and text.startswith(("+", "|"))):
+            in_table = True
+            continue
+        if in_table and not text.strip():  # the blank line after a table
+            continue
+        in_table = False
+        if any(piece in text for piece in noise):
             continue
         target.write(text)
         target.flush()
@@ -157,8 +208,8 @@ def _stop_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def start_openai_frontend(options: ServerOptions, connect_host: str, port: int,
-                          access_log: bool = True) -> subprocess.Popen:
+def start_openai_frontend(options: ServerOptions, connect_host: str, port: int, access_log: bool = True,
+                          served_model_name: str | None = None) -> subprocess.Popen:
     """`trtllm-triton openai` against this server's gRPC port, bound to the server's --host."""
     command = [sys.executable, "-m", "trtllm_model.cli", "openai", f"--triton-url={connect_host}:{options.grpc_port}",
                f"--host={options.host}", f"--port={port}"]
@@ -168,6 +219,8 @@ def start_openai_frontend(options: ServerOptions, connect_host: str, port: int,
     command.append(f"--model-repository={options.model_repository}")
     if not access_log:
         command.append("--no-access-log")
+    if served_model_name:
+        command.append(f"--served-model-name={served_model_name}")
     # The frontend finds the models through the repository's folders and their readiness, which need no admin key:
     # its process is given none (an operator's key in serve's own environment included).
     environment = {name: value for name, value in os.environ.items() if name != ADMIN_KEY_ENV}
@@ -185,33 +238,56 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
         process.wait()
 
 
-def loaded_models(host: str, http_port: int, key: str, timeout_s: float = 5.0) -> list[str]:
-    """Names of the models the server has loaded (READY in its repository index, which asks for the admin key)."""
+def model_states(host: str, http_port: int, key: str, timeout_s: float = 5.0) -> dict[str, str]:
+    """Each model of the server's repository index and its state (READY, UNLOADING, UNAVAILABLE, ...); the index asks
+    for the admin key."""
     request = urllib.request.Request(f"http://{host}:{http_port}/v2/repository/index", data=b"{}", method="POST",
                                      headers=admin_headers(key))
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return [model["name"] for model in json.loads(response.read()) if model.get("state") == "READY"]
+        return {model["name"]: model.get("state", "") for model in json.loads(response.read())}
 
 
-def ready_banner(host: str, options: ServerOptions) -> str:
-    """What `serve` prints once ready: the models actually loaded and where to reach them."""
+def loaded_models(host: str, http_port: int, key: str, timeout_s: float = 5.0) -> list[str]:
+    """Names of the models the server has loaded (READY in its repository index)."""
+    return [name for name, state in model_states(host, http_port, key, timeout_s).items() if state == "READY"]
+
+
+def model_is_decoupled(host: str, http_port: int, model: str, timeout_s: float = 5.0) -> bool:
+    """Whether the loaded `model` streams (its config's model_transaction_policy), as Triton reports it."""
+    with urllib.request.urlopen(f"http://{host}:{http_port}/v2/models/{model}/config", timeout=timeout_s) as response:
+        return bool(json.loads(response.read()).get("model_transaction_policy", {}).get("decoupled"))
+
+
+def ready_banner(host: str, options: ServerOptions, openai_port: int | None = None) -> str:
+    """What `serve` prints once ready: the models actually loaded and where to reach them; streaming endpoints only
+    where the model streams."""
     try:
         models = loaded_models(host, options.http_port, options.admin_key)
+        generate = next((name for name in ("ensemble", "tensorrt_llm") if name in models), None)
+        streams = generate is not None and model_is_decoupled(host, options.http_port, generate)
     except (OSError, ValueError) as exc:
         return f"\ntrtllm-triton: ready (could not list the loaded models: {exc})\n"
-    generate = next((name for name in ("ensemble", "tensorrt_llm") if name in models), None)
-    endpoint = f"  (POST /v2/models/{generate}/generate_stream)" if generate else ""
+    if generate is None:
+        endpoint = ""
+    elif streams:
+        endpoint = f"  (POST /v2/models/{generate}/generate_stream)"
+    else:
+        endpoint = f"  (POST /v2/models/{generate}/generate; not decoupled: one response per request)"
     key_source = f"${ADMIN_KEY_ENV}" if os.environ.get(ADMIN_KEY_ENV) == options.admin_key else "generated, not shown"
-    return (
-        f"\ntrtllm-triton: ready. models: {', '.join(models) or '(none)'}\n"
-        f"  HTTP     http://{host}:{options.http_port}{endpoint}\n"
-        f"  gRPC     {host}:{options.grpc_port}\n"
-        f"  metrics  http://{host}:{options.metrics_port}/metrics\n"
-        f"  model-repository API (load, unload, index): only with header {ADMIN_HEADER} (key: {key_source})\n"
-    )
+    lines = [
+        f"\ntrtllm-triton: ready. models: {', '.join(models) or '(none)'}",
+        f"  HTTP     http://{host}:{options.http_port}{endpoint}",
+        f"  gRPC     {host}:{options.grpc_port}",
+        f"  metrics  http://{host}:{options.metrics_port}/metrics",
+    ]
+    if openai_port is not None:
+        how = "" if streams else " (the model is not decoupled: `stream: true` answers in one chunk; --decoupled true)"
+        lines.append(f"  OpenAI   http://{host}:{openai_port}/v1{how}")
+    lines.append(f"  model-repository API (load, unload, index): only with header {ADMIN_HEADER} (key: {key_source})")
+    return "\n".join(lines) + "\n"
 
 
-def unload_models(host: str, http_port: int, key: str, settle_s: float = 5.0) -> None:
+def unload_models(host: str, http_port: int, key: str, settle_s: float = UNLOAD_SETTLE_S) -> None:
     """Ask the server to unload every ready model, and wait (bounded) until none is ready."""
     base = f"http://{host}:{http_port}/v2/repository"
 
@@ -221,8 +297,13 @@ def unload_models(host: str, http_port: int, key: str, settle_s: float = 5.0) ->
                                              headers=admin_headers(key))
             with contextlib.suppress(OSError):  # unload answers when done; open streams may hold it: don't wait
                 urllib.request.urlopen(request, timeout=0.5).close()
+        # Until every model has unloaded, not only stopped being ready: a decoupled model unloads once its streams'
+        # final responses have left (and their clients let go). Signalled while a stream still waited for its final,
+        # tritonserver once left it without one and the model live until its exit timeout (1 of 3 runs of
+        # test_serve_instances_2_shares_one_worker_and_a_stop_with_streams_on_both_ends_cleanly with a busy core).
         deadline = time.monotonic() + settle_s
-        while loaded_models(host, http_port, key, timeout_s=2) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and any(
+                state in ("READY", "UNLOADING") for state in model_states(host, http_port, key, timeout_s=2).values()):
             time.sleep(0.1)
         time.sleep(0.5)  # let the models' final responses leave
     except OSError:
@@ -230,11 +311,12 @@ def unload_models(host: str, http_port: int, key: str, settle_s: float = 5.0) ->
 
 
 def repository_copy(repository: Path, decoupled: bool | None, parameters: dict[str, str],
-                    instances: int | None = None) -> Path:
+                    instances: int | None = None, executor: str | None = None) -> Path:
     """A copy of the repository (in a temporary directory) with every model set to the transaction policy (None: as
     they are), `tensorrt_llm`'s `parameters` set (configure.set_model_parameters) and its instance count (None: as
-    it is)."""
+    it is); `parameters` are checked as the model (run by `executor`, None: the config's) will read them."""
     from .configure import MODEL_NAME, set_decoupled, set_model_parameters, with_instances
+    from .params import ConfigError
 
     copy = Path(tempfile.mkdtemp(prefix="trtllm-triton-repository-")) / repository.name
     shutil.copytree(repository, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -249,8 +331,63 @@ def repository_copy(repository: Path, decoupled: bool | None, parameters: dict[s
         config = copy / MODEL_NAME / "config.pbtxt"
         config.write_text(with_instances(config.read_text(), instances, None))
         changes.append(f"{instances} instance(s) of {MODEL_NAME}")
+    if parameters:
+        try:
+            check_served_parameters(copy, executor)
+        except ConfigError:
+            shutil.rmtree(copy.parent, ignore_errors=True)
+            raise
     print(f"trtllm-triton: serving {copy} (a copy of {repository} with {', '.join(changes)})")
     return copy
+
+
+def check_served_parameters(repository: Path, executor: str | None) -> None:
+    """The repository's `tensorrt_llm` settings read as the model will read them, before tritonserver starts
+    (ConfigError names the first bad one)."""
+    from .configure import MODEL_NAME
+    from .executors import check_parameters
+    from .model_yaml import embedded_parameters, read_model_yaml
+    from .text_pipeline import config_parameters
+
+    model_yaml = repository / MODEL_NAME / "1" / "model.yaml"
+    if not model_yaml.is_file():
+        check_parameters(config_parameters(repository / MODEL_NAME / "config.pbtxt"), executor)
+        return
+    config = read_model_yaml(model_yaml)
+    if (executor or config.executor) == "transformers":
+        check_parameters(embedded_parameters(config)[0], "transformers")
+
+
+def unary_llmapi_model(repository: Path) -> bool:
+    """Whether the repository's `tensorrt_llm` is an LLM API model whose model.yaml says decoupled: False."""
+    from .configure import MODEL_NAME
+    from .model_yaml import read_model_yaml
+
+    path = repository / MODEL_NAME / "1" / "model.yaml"
+    return path.is_file() and not read_model_yaml(path).triton.decoupled
+
+
+def checkpoint_assignment(repository: Path, executor: str | None, checkpoint: Path) -> str:
+    """The `--set` that serves `checkpoint` in this repository (model.yaml's `model`; config.pbtxt's `model_dir` for
+    the embedded engine, `hf_model_path` for the LLM API executor); ValueError when the executor takes none, or the
+    embedded engine cannot run it."""
+    from .configure import MODEL_NAME
+    from .embedded.model_loading import check_checkpoint
+    from .model_yaml import read_model_yaml
+    from .text_pipeline import config_parameters
+
+    model_yaml = repository / MODEL_NAME / "1" / "model.yaml"
+    if model_yaml.is_file():
+        key, name = "model", executor or read_model_yaml(model_yaml).executor
+    else:
+        name = executor or config_parameters(repository / MODEL_NAME / "config.pbtxt").get("executor") or "transformers"
+        key = {"transformers": "model_dir", "trtllm_llmapi": "hf_model_path"}.get(name)
+    if key is None:
+        raise ValueError(f"--model: the {name} executor serves no Hugging Face checkpoint (transformers and "
+                         "trtllm_llmapi do)")
+    if name == "transformers":
+        check_checkpoint(checkpoint)
+    return f"{key}={checkpoint}"
 
 
 def machine_instances(repository: Path, parameters: dict[str, str], executor: str | None) -> int | None:
@@ -302,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--grpc-port", type=int, default=8001)
     run.add_argument("--metrics-port", type=int, default=8002)
     run.add_argument("--executor", help="override the config's `executor` parameter (e.g. synthetic, transformers)")
+    run.add_argument("--model", type=Path, metavar="DIR",
+                     help="serve this Hugging Face checkpoint directory instead of SmolLM2 (the embedded engine runs "
+                          "the architectures named in README.md; TensorRT-LLM's LLM API executor any it runs)")
     run.add_argument("--decoupled", choices=("true", "false"),
                      help="serve the repository's models decoupled (streaming) or not (one response per request, "
                           "for unary gRPC ModelInfer and HTTP infer); default: as their config.pbtxt says")
@@ -312,10 +452,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--instances", type=int, metavar="N",
                      help="instances of tensorrt_llm (instance_group count) in a copy of the repository; on a GPU the "
                           "embedded engine's instances share one engine worker, and 4 stream best (docs/deploy.md)")
-    run.add_argument("--log-verbose", type=int, default=0)
+    run.add_argument("--log-verbose", type=int, default=0, help="tritonserver's --log-verbose level")
+    run.add_argument("--verbose", action="store_true",
+                     help="tritonserver's output as it is: its start-up tables, progress bars, and on a host without a "
+                          "CUDA driver its harmless CUDA complaints")
     run.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     run.add_argument("--openai-port", type=int, default=9000, help="port of the OpenAI-compatible API (on --host)")
     run.add_argument("--no-openai", action="store_true", help="serve without the OpenAI-compatible API")
+    run.add_argument("--served-model-name", metavar="NAME",
+                     help="the name the OpenAI API serves tensorrt_llm under (default: tensorrt_llm)")
     run.add_argument("--no-openai-access-log", action="store_true",
                      help="no log line per OpenAI API request (method, path, status, tokens, seconds)")
     run.add_argument("server_args", nargs="*", help="extra tritonserver flags, after --")
@@ -333,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     openai.add_argument("--model-repository", help="the server's model repository (an LLM API model's model.yaml "
                         "names its tokenizer)")
     openai.add_argument("--no-access-log", action="store_true", help="no log line per request (on stderr)")
+    openai.add_argument("--served-model-name", metavar="NAME",
+                        help="the name tensorrt_llm is served under (default: tensorrt_llm)")
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "configure":
@@ -349,9 +496,19 @@ def main(argv: list[str] | None = None) -> int:
 
         urls = [url for value in args.triton_url for url in value.split(",") if url]
         run_openai(urls, args.host, args.port, args.executor, args.log_level, args.max_body_bytes,
-                   args.model_repository, not args.no_access_log)
+                   args.model_repository, not args.no_access_log, args.served_model_name)
         return 0
     repository = (args.model_repository or (LLMAPI_REPOSITORY if args.layout == "llmapi" else DEFAULT_REPOSITORY)).resolve()
+    decoupled = None if args.decoupled is None else args.decoupled == "true"
+    if decoupled is None and not args.no_openai and unary_llmapi_model(repository):
+        decoupled = True
+        print("trtllm-triton: serving the LLM API model decoupled, so that the OpenAI API and generate_stream stream "
+              "token by token (--decoupled false keeps model.yaml's unary mode for unary clients)")
+    if args.model is not None:
+        try:
+            args.assignments.insert(0, checkpoint_assignment(repository, args.executor, args.model.resolve()))
+        except ValueError as exc:
+            parser.error(str(exc))
     from .configure import parse_assignments
     from .params import ConfigError
 
@@ -361,10 +518,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                                         args.executor)
     except ConfigError as exc:
         parser.error(str(exc))
-    if args.decoupled is not None or parameters or instances is not None:
+    if decoupled is not None or parameters or instances is not None:
         try:
-            decoupled = None if args.decoupled is None else args.decoupled == "true"
-            repository = repository_copy(repository, decoupled, parameters, instances)
+            repository = repository_copy(repository, decoupled, parameters, instances, args.executor)
         except ConfigError as exc:
             parser.error(str(exc))
     try:
@@ -383,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_key=key,
     )
     return serve(options, args.ready_timeout, None if args.no_openai else args.openai_port,
-                 not args.no_openai_access_log)
+                 not args.no_openai_access_log, args.verbose, args.served_model_name)
 
 
 if __name__ == "__main__":

@@ -308,6 +308,18 @@ class MetricsReporter:
             self._thread.join(timeout=10)
         self.flush(budget_s=FINAL_FLUSH_BUDGET_S)
 
+    def close(self) -> None:
+        """stop(), then let go of every metric object now: each is a Triton object whose destructor talks to the
+        server, which must happen while the stub still can (not in a garbage collection of its teardown)."""
+        self.stop()
+        self._gauges.clear()
+        self._latency.clear()
+        self._finished.clear()
+        self._input_len = self._output_len = self._prompt_tokens = self._generation_tokens = self._dropped = None
+        close_backend = getattr(self.backend, "close", None)
+        if close_backend is not None:
+            close_backend()
+
     def _run(self) -> None:
         while True:
             self._wake.wait(self.period_s)

@@ -22,7 +22,7 @@ import triton_python_backend_utils as pb_utils
 
 from .build_limits import request_limits
 from .conventions import llmapi
-from .conventions.common import InvalidInput, Limits, ParsedRequest
+from .conventions.common import InvalidInput, Limits, ParsedRequest, check_request_prompts_size
 from .conventions.inflight_batcher import parameters_dict, request_parser, split_batch
 from .conventions.parsing import RequestParser, parse_together
 from .executors import DEFAULT_EXECUTOR, create_executor
@@ -32,6 +32,7 @@ from .metrics import MetricsReporter
 from .model_yaml import LlmApiConfig, embedded_parameters, model_yaml_path, read_model_yaml
 from .params import Params, parameters_from_model_config
 from .poller import Poller
+from .process_watch import exit_when_ended
 from .request_context import BatchStream, ErrorCode, RequestContext
 from .row_admission import default_limit as default_batched_rows_limit
 from .server import EXECUTOR_OVERRIDE_ENV
@@ -125,9 +126,14 @@ class TritonPythonModel:
             on_failure=self._report_not_ready,
             on_finished=self.metrics.record_finished,
             unloading=unload_check(self.model_name),
+            on_unload=self._release_soon,
         )
+        self._release_lock = threading.Lock()
+        self._released = False
         self.metrics.start()
         self.poller.start()
+        if _in_stub():  # a stub that outlives tritonserver (a stop that ran out of time) holds its engine for nothing
+            exit_when_ended(os.getppid(), "tritonserver")
 
     def execute(self, requests: list) -> None:
         with self.poller.executing(len(requests)):
@@ -176,10 +182,13 @@ class TritonPythonModel:
 
     def _row_parsers(self, request) -> list[RequestParser]:
         parameters = parameters_dict(request_parameters_json(request), self.limits.accepted_parameters)
+        tensors = request_tensors(request)
+        if "text_input" in tensors and self.tokenizer is not None:
+            check_request_prompts_size("text_input", tensors["text_input"], self.limits, self.tokenizer)
         if self.llmapi is not None:
-            batch = llmapi.split_batch(request_tensors(request), self.llmapi_options.batched)
+            batch = llmapi.split_batch(tensors, self.llmapi_options.batched)
         else:
-            batch = split_batch(request_tensors(request))
+            batch = split_batch(tensors)
         if len(batch) > 1 and not self.limits.decoupled:
             raise InvalidInput(f"a batch of {len(batch)} sequences in one request needs the decoupled model "
                                "(one response per sequence); send one per request", unsupported=True)
@@ -205,20 +214,39 @@ class TritonPythonModel:
         except Exception:
             log.exception("could not unload %s; it stays loaded but refuses requests with UNAVAILABLE", self.model_name)
 
+    def _release_soon(self) -> None:
+        """The model is being unloaded (its streams are ended): release its executor now, on a thread of its own.
+        Triton finalizes a model's instances one after another, each once the stub before has exited; released here,
+        every instance leaves a shared engine worker (which stops their requests) at once, side by side, and
+        finalize() finds nothing left to wait for."""
+        threading.Thread(target=self._release, name="release-on-unload", daemon=True).start()
+
+    def _release(self) -> None:
+        """Stop the poller (and so the executor) and the metrics, and free the Triton metric objects; once, a second
+        caller waits for the first."""
+        with self._release_lock:
+            if self._released:
+                return
+            self.poller.shutdown("model is shutting down")
+            # After the poller: the requests it ended on the way out are counted too. Then the Triton metric objects
+            # go, while the stub is whole: left to the stub's own teardown, their destructors write to shared memory
+            # that is already gone (a segfault in MetricFamily::~MetricFamily, gdb, tests/test_e2e_stop.py's case of
+            # a stop tritonserver starts itself).
+            self.metrics.close()
+            # A request's response factory is released when the stub sends its final response or when its Python
+            # object goes; one held only by a reference cycle would keep the model loaded (Triton 2.51 unloads a
+            # decoupled model once every factory is released), so cycles go now, not at some later allocation.
+            gc.collect()
+            self._released = True
+
     def finalize(self) -> None:
-        self.poller.shutdown("model is shutting down")
-        self.metrics.stop()  # after the poller: the requests it ended on the way out are counted too
-        # Free the Triton metric objects now, while the stub is whole. Left to the stub's own teardown, their
-        # destructors write to shared memory that is already gone: a segfault in MetricFamily::~MetricFamily (gdb,
-        # tests/test_e2e_stop.py's case of a stop tritonserver starts itself).
-        del self.poller, self.metrics
-        gc.collect()
-        # Triton finalizes a model's instances one after another, each once the stub before has exited, and a stub's
-        # interpreter teardown after finalize (torch, transformers, ...) took 4-6 s on the 2-core machine: stopping two
-        # instances with streams open took 10.5-12 s of the server's 15 s exit timeout, 4.3-4.7 s without it.
-        # Everything is stopped and answered by now, so the stub ends without that teardown (only the stub: in any
-        # other process, a test's for one, exiting 0 at once would hide its own exit status).
-        if os.path.basename(os.readlink("/proc/self/exe")) == "triton_python_backend_stub":
+        self._release()
+        # A stub's interpreter teardown after finalize (torch, transformers, ...) took 4-6 s on the 2-core machine,
+        # and Triton finalizes a model's instances one after another: stopping two instances with streams open took
+        # 10.5-12 s of the server's 15 s exit timeout, 4.3-4.7 s without it. Everything is stopped and answered by
+        # now, so the stub ends without that teardown (only the stub: in any other process, a test's for one,
+        # exiting 0 at once would hide its own exit status).
+        if _in_stub():
             atexit.register(_exit_now)
 
     def _detokenizer_factory(self):
@@ -244,6 +272,11 @@ class TritonPythonModel:
             return chat_prompt_text(tokenizer, [{"role": "user", "content": text}])
 
         return chat_prompt_of
+
+
+def _in_stub() -> bool:
+    """Whether this process is tritonserver's Python backend stub (not a test's process, nor a tool's)."""
+    return os.path.basename(os.readlink("/proc/self/exe")) == "triton_python_backend_stub"
 
 
 def _version_dir_of(cls: type) -> Path | None:

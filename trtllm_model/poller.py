@@ -42,6 +42,7 @@ class Poller:
         on_finished: Callable[[RequestContext], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
         unloading: Callable[[], bool] | None = None,
+        on_unload: Callable[[], None] | None = None,
         stop_by_request_id: bool = True,
     ) -> None:
         self.executor = executor
@@ -49,11 +50,14 @@ class Poller:
         self.max_open_requests = max_open_requests
         self.on_finished = on_finished
         self.on_failure = on_failure
+        self.on_unload = on_unload
         # NVIDIA's `stop` input ends the requests in flight under its request id, whoever sends it: Triton tells the
         # model nothing about the caller (no connection, peer or stream), so any client that knows or guesses an id
         # can end another's stream. False refuses every `stop` (docs/security.md); clients cancel their own request.
         self.stop_by_request_id = stop_by_request_id
         self.failure: str | None = None
+        self._shutdown_lock = threading.Lock()
+        self._shut_down = False
         self._lock = threading.Lock()
         self._open: dict[int, RequestContext] = {}
         # Triton request id -> the requests in flight under it (several for a batched request), for `stop`.
@@ -110,8 +114,12 @@ class Poller:
 
     def submit_rows(self, rows: list[RequestContext]) -> None:
         """Hand a request's rows to the executor; a batched request's rows go through the row gate, all accepted or
-        all refused."""
-        if len(rows) == 1 or self._rows.limit is None or any(ctx.parsed.stop_only for ctx in rows):
+        all refused. A `stop` row stops by id at once; it never lets the request's other rows past the gate."""
+        for ctx in rows:
+            if ctx.parsed.stop_only:
+                self.submit(ctx)
+        rows = [ctx for ctx in rows if not ctx.parsed.stop_only]
+        if len(rows) <= 1 or self._rows.limit is None:
             for ctx in rows:
                 self.submit(ctx)
             return
@@ -276,18 +284,23 @@ class Poller:
 
     # -- shutdown and failure ----------------------------------------------------------------------------------
     def shutdown(self, reason: str = "model is shutting down", timeout_s: float = 10.0) -> None:
-        """End every open stream with UNAVAILABLE, stop the executor and join every thread."""
-        with self._lock:
-            self._accepting = False
-        self._fail_all(ErrorCode.UNAVAILABLE, reason)
-        self.watch.stop()
-        # Not waited for: a guide still compiling ends in a refusal (no longer accepting) when its enqueue returns.
-        self._admission.shutdown(wait=False)
-        try:
-            self.executor.shutdown()
-        except Exception:
-            log.exception("executor shutdown failed")
-        self.dispatcher.stop(timeout_s)  # workers deliver what is ready (the failures above), then exit
+        """End every open stream with UNAVAILABLE, stop the executor and join every thread. Once only: a second call
+        waits for the first to end."""
+        with self._shutdown_lock:
+            if self._shut_down:
+                return
+            with self._lock:
+                self._accepting = False
+            self._fail_all(ErrorCode.UNAVAILABLE, reason)
+            self.watch.stop()
+            # Not waited for: a guide still compiling ends in a refusal (no longer accepting) when its enqueue returns.
+            self._admission.shutdown(wait=False)
+            try:
+                self.executor.shutdown()
+            except Exception:
+                log.exception("executor shutdown failed")
+            self.dispatcher.stop(timeout_s)  # workers deliver what is ready (the failures above), then exit
+            self._shut_down = True
 
     def _fail_all(self, code: ErrorCode, message: str) -> None:
         with self._lock:
@@ -316,6 +329,11 @@ class Poller:
         if first:
             log.warning("model is being unloaded: ending %d open streams", self.open_requests)
         self._fail_all(ErrorCode.UNAVAILABLE, "model is shutting down")
+        if first and self.on_unload is not None:
+            try:
+                self.on_unload()
+            except Exception:
+                log.exception("on_unload hook failed")
 
     # -- routing (dispatch calls these) ------------------------------------------------------------------------
     def _route(self, steps: list[Step]) -> list[tuple[RequestContext, Step]]:

@@ -9,7 +9,8 @@ Sizes are bounded too: the engines test every stop and bad word at every step of
 size is paid per token of every stream that carries it (a 3.2 MB list added about 90 ms of Python to every step).
 The conventions refuse a list over these bounds from its tensor's shape, before reading or tokenizing it; the
 checks here hold for every executor whatever the convention. The logits of requests in flight share one budget
-(LogitsBudget): a request that would take it past `max_total_logits_bytes` is refused as a full queue is, to retry.
+(LogitsBudget), counted at their peak (LOGITS_PEAK_COPIES): a request that would take it past
+`max_total_logits_bytes` is refused as a full queue is, to retry.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ MAX_LORA_ROWS = 16384
 PARAMETERS = frozenset({"max_logits_bytes", "max_total_logits_bytes"})
 # Logits all requests in flight may hold together, by default: four requests at the per-request bound.
 DEFAULT_TOTAL_LOGITS_REQUESTS = 4
+# What a request's logits take at their peak, in copies of their float32 bytes: the engine's own (the forward's output,
+# or the steps' rows merged while a reader is behind) and the response's tensor built from it. The budget counts this:
+# four 256 MiB requests under a 1 GiB budget added 2,049 MiB to the model's process when it counted one copy.
+LOGITS_PEAK_COPIES = 2
 
 
 def check_request(request: GenerationRequest, vocab_size: int | None, max_logits_bytes: int | None) -> None:
@@ -209,14 +214,14 @@ class LogitsBudget:
             yield reservation
             return
         if size > self.limit:
-            raise RequestRejected(f"return_context_logits / return_generation_logits: {size} bytes of logits is over "
-                                  f"max_total_logits_bytes={self.limit}, the model's total for all requests")
+            raise RequestRejected(f"return_context_logits / return_generation_logits: {size} bytes of logits at their "
+                                  f"peak is over max_total_logits_bytes={self.limit}, the model's total for all requests")
         with self._lock:
             held = self._held_bytes + sum(r.size for r in self._reserving)
             if held + size > self.limit:
                 raise LogitsBudgetFull(
-                    f"logits budget spent: this request's {size} bytes of logits and the {held} held by requests in "
-                    f"flight are over max_total_logits_bytes={self.limit}; retry when some have ended")
+                    f"logits budget spent: this request's {size} bytes of logits at their peak and the {held} held by "
+                    f"requests in flight are over max_total_logits_bytes={self.limit}; retry when some have ended")
             self._reserving.append(reservation)
         try:
             yield reservation
@@ -253,7 +258,7 @@ def bound_logits_in_flight(executor: Executor, budget: LogitsBudget) -> None:
         if vocab_size is None:
             return enqueue(request)
         _check_logits(request, vocab_size, executor.max_logits_bytes)  # over its own bound: refused as such
-        with budget.reserve(logits_bytes(request, vocab_size)) as reservation:
+        with budget.reserve(LOGITS_PEAK_COPIES * logits_bytes(request, vocab_size)) as reservation:
             reservation.request_id = enqueue(request)
             return reservation.request_id
 

@@ -123,9 +123,11 @@ def restricted_api_args(key: str) -> list[str]:
 # tritonserver trying them at every start and logging the failures as errors and warnings.
 CPU_HOST_ARGS = ("--pinned-memory-pool-byte-size=0", "--allow-gpu-metrics=false")
 # What tritonserver 2.51 (built with GPU support) still logs as errors on such a host, with no flag to turn it off:
-# its CUDA driver check at start and the copy stream each ensemble asks for. Both are harmless without a GPU;
-# `serve` leaves those lines out there (cli.forward_output) and says so once.
-CPU_HOST_NOISE = ('"CudaDriverHelper has not been initialized."', '"unable to create stream for ')
+# its CUDA driver check at start and the copy stream each ensemble asks for, and the warning on the first request that
+# there is no pinned-memory pool (there is none by choice). All are harmless without a GPU; `serve` leaves those lines
+# out there (cli.forward_output) and says so once.
+CPU_HOST_NOISE = ('"CudaDriverHelper has not been initialized."', '"unable to create stream for ',
+                  '"failed to allocate pinned system memory: no pinned memory pool')
 
 
 def cuda_driver_present() -> bool:
@@ -166,6 +168,10 @@ def server_command(options: ServerOptions) -> list[str]:
         f"--backend-directory={backend_directory()}",
         "--model-control-mode=explicit",
         "--load-model=*",
+        # One model at a time: with tritonserver 2.51's default of 4 load threads, loading the default repository's
+        # five models hung in 2 of 7 starts on a busy 2-core host (a load thread waiting forever in pthread_once under
+        # the Python backend's TRITONBACKEND_ModelInstanceInitialize, its stub idle).
+        "--model-load-thread-count=1",
         f"--http-address={LOOPBACK if options.triton_http_port else options.host}",
         f"--http-port={options.triton_http_port or options.http_port}",
         f"--grpc-address={options.host}",

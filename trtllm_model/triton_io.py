@@ -119,6 +119,10 @@ class TritonMetricBackend:
         family = self._family(name, description, pb_utils.MetricFamily.HISTOGRAM)
         return _TritonMetric(family, labels, [float(b) for b in buckets])
 
+    def close(self) -> None:
+        """Let go of the families (the metrics made here must be gone already)."""
+        self._families.clear()
+
     def _family(self, name: str, description: str, kind):
         family = self._families.get(name)
         if family is None:

@@ -152,6 +152,21 @@ def check_prompt_size(name: str, item, limits: Limits, tokenizer: Tokenizer) -> 
                            f"bytes ({tokens} x {per_token}, the tokenizer's longest token in bytes)")
 
 
+def check_request_prompts_size(name: str, prompts: np.ndarray, limits: Limits, tokenizer: Tokenizer) -> None:
+    """InvalidInput, before any row is parsed or tokenized, for a batched request whose prompts together are longer in
+    bytes than one prompt may be (`check_prompt_size`'s bound): a request's tokenizing costs the model's intake, which
+    every other request waits for, at most what one prompt's does."""
+    if prompts.size <= 1:
+        return
+    tokens = limits.max_input_len or limits.max_seq_len or UNBOUNDED_PROMPT_TOKENS
+    per_token = longest_token_bytes(tokenizer)
+    size = sum(element_bytes(item) for item in prompts.flat)
+    if size > tokens * per_token:
+        raise InvalidInput(f"{name}: {size} bytes in {prompts.size} prompts; a request's prompts together at most "
+                           f"{tokens * per_token} bytes (what one prompt of {tokens} tokens may take): send fewer or "
+                           "shorter prompts a request")
+
+
 def check_word_texts(name: str, items: list, tokenizer: Tokenizer) -> None:
     """InvalidInput, before tokenizing, for a list of words (text) over request_checks' word bounds: more than
     MAX_WORDS words, a word longer in bytes than MAX_WORD_TOKENS tokens can be, or all longer than

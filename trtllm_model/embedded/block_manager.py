@@ -121,11 +121,11 @@ class BlockManager:
         return matches
 
     def allocate(
-        self, token_ids: list[int], prompt_len: int, salt: str | None = None, spare_blocks: int = 0
+        self, token_ids: list[int], prompt_len: int, salt: str | None = None, spare_blocks: int = 0, reuse: bool = True
     ) -> BlockTable | None:
-        """Blocks for the first `prompt_len` tokens (shared where cached under the same salt); None when the pool
-        cannot hold them and still keep `spare_blocks` free (nothing changes then)."""
-        matches = self._prefix_matches(token_ids, prompt_len, salt)
+        """Blocks for the first `prompt_len` tokens (shared where cached under the same salt, unless not `reuse`); None
+        when the pool cannot hold them and still keep `spare_blocks` free (nothing changes then)."""
+        matches = self._prefix_matches(token_ids, prompt_len, salt) if reuse else []
         total = self.blocks_for(prompt_len)
         revived = sum(1 for block_id, _ in matches if self.blocks[block_id].ref_count == 0)
         if total - len(matches) + revived + spare_blocks > self.free_blocks:

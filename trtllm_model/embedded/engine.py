@@ -461,12 +461,14 @@ class Engine:
             return [], []
         if self.runner.mixes_prompts:
             groups = prefill_groups(admitted, self.runner.prefill_forward_cost_tokens)
+            if groups[0][0].wants_prompt_logits:  # its forward is its own (prefill_groups puts those last)
+                return [], admitted
             return groups[0], [sequence for group in groups[1:] for sequence in group]
         rows, width = len(decoding), max((len(sequence.blocks.block_ids) for sequence in decoding), default=0)
         joining, apart = [], []
         for sequence in admitted:
             with_it = rows + sequence.prefill_len, max(width, len(sequence.blocks.block_ids))
-            if not apart and self.runner.takes_in_graph(*with_it):  # first come, first prefilled
+            if not apart and not sequence.wants_prompt_logits and self.runner.takes_in_graph(*with_it):
                 joining.append(sequence)
                 rows, width = with_it
             else:
@@ -557,6 +559,13 @@ class Engine:
         own forward fails ends with an error step; it wrote nothing that any other request reads (its blocks are not
         findable before its prefill succeeds), so its blocks are just freed."""
         try:
+            if group[0].wants_prompt_logits:  # alone in its group (prefill_groups)
+                (sequence,) = group
+                every_token = self.runner.prefill_logits(sequence)
+                if sequence.num_computed == 0:  # its first chunk (again, if it was preempted while prefilling)
+                    sequence.context_chunks = []
+                sequence.context_chunks.append(every_token.cpu().numpy())
+                return [(group, every_token[-1:])]
             return [(group, self.runner.prefill(group))]
         except Exception as exc:  # noqa: BLE001 - whose it was is found out below
             if len(group) == 1:
@@ -620,8 +629,9 @@ class Engine:
         # Logits only for requests that asked (NVIDIA's return_*_logits): the copies cost a vocabulary each.
         if sequence.want_generation_logits and step.token_ids:
             step.generation_logits = logits.float().cpu().numpy()[None, None]  # [beams, tokens, vocab]
-        if context_logits:
-            step.context_logits = self.runner.prompt_logits(sequence.token_ids[: sequence.prompt_len])
+        if context_logits:  # its prefill's chunks, each computed with every token's logits
+            step.context_logits = np.concatenate(sequence.context_chunks)
+            sequence.context_chunks = []
         return step
 
     def _fail(self, sequence: Sequence, stage: str, exc: Exception) -> Step:

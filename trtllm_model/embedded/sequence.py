@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..executor_interface import FinishReason, GenerationRequest, Step
 from .block_manager import BlockTable
 from .guided import advance
@@ -44,6 +46,8 @@ class Sequence:
     want_context_logits: bool = False
     want_generation_logits: bool = False
     want_perf_metrics: bool = False
+    # With want_context_logits: the logits of the prompt's chunks computed so far (the engine's prefill, chunk by chunk).
+    context_chunks: list[np.ndarray] = field(default_factory=list)
     blocks: BlockTable | None = None  # its KV blocks, from admission until it ends or is preempted
     num_computed: int = 0  # leading tokens whose keys and values are in the pool (the cached prefix, then more)
     prefill_end: int = 0  # while prefilling: num_computed once this step's chunk is computed
@@ -99,6 +103,12 @@ class Sequence:
     def num_tokens(self) -> int:
         """Its tokens, those sampled on the device but not read by the host yet included."""
         return len(self.token_ids) + self.pending
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Its prefill computes logits at every prompt token (NVIDIA's context logits): its prompt's first prefill, not
+        a preempted sequence's resumption."""
+        return self.want_context_logits and not self.num_output
 
     def may_overlap(self) -> bool:
         """Whether its next token may be sampled before the host has read its last one: nothing in its sampling reads

@@ -3,7 +3,8 @@
 A prefill chunk lengthens the step every decoding stream waits for. On a CPU a prompt token costs about as much as
 a decode row (compute-bound), so the default budget (max_num_tokens, 2,048) put a whole long prompt into one step and
 stalled every stream 30-50x its usual gap (docs/performance.md). Here the chunk is steered so that a step with it takes
-about `stall_factor` times a decode-only step: a decode-only step's time is followed as a moving average, and after
+about `stall_factor` times a decode-only step (beside decoding streams or not: a request arriving meanwhile waits for
+one such step at most): a decode-only step's time is followed as a moving average, and after
 each step that prefilled, the chunk becomes the one that step's cost per prompt token says would have hit the target
 (at most halved or doubled a step, so one noisy step cannot swing it). A controller, not a cost model: it follows
 prompts whose chunks grow dearer as their prefix grows, and a machine whose load changes.
@@ -33,22 +34,26 @@ class StepBudget:
     chunk: int = FIRST_CHUNK
 
     def prefill_tokens(self, decoding: int) -> int:
-        """The prompt tokens the next step may compute beside `decoding` decoding sequences."""
+        """The prompt tokens the next step may compute beside `decoding` decoding sequences (none decoding too: a
+        request that arrives while a long prompt prefills alone waits for one bounded step, not a 2,048-token one)."""
         full = self.max_num_tokens - decoding
-        if self.stall_factor <= 1 or not decoding or self.decode_s is None:
+        if self.stall_factor <= 1 or self.decode_s is None:
             return full
         return max(1, min(full, self.chunk))
 
     def observe(self, decoding: int, prompt_tokens: int, seconds: float) -> None:
         """One engine step's wall time, with how many sequences it decoded and how many prompt tokens it computed."""
-        if not decoding or self.stall_factor <= 1:
+        if self.stall_factor <= 1:
             return
         if not prompt_tokens:
-            self.decode_s = seconds if self.decode_s is None else DECAY * self.decode_s + (1 - DECAY) * seconds
+            if decoding:
+                self.decode_s = seconds if self.decode_s is None else DECAY * self.decode_s + (1 - DECAY) * seconds
             return
         if self.decode_s is None:
             return
-        room = (self.stall_factor - 1.0) * self.decode_s  # what a chunk may add to a decode-only step
-        extra = max(seconds - self.decode_s, 1e-6)  # what this step's prompt tokens added
+        # What a chunk may add to a decode-only step, and what this step's prompt tokens added (a step of prompts
+        # alone reads the weights as a decode step does: it is counted the same).
+        room = (self.stall_factor - 1.0) * self.decode_s
+        extra = max(seconds - self.decode_s, 1e-6)
         wanted = prompt_tokens * room / extra
         self.chunk = int(max(MIN_CHUNK, self.chunk / 2, min(wanted, self.chunk * 2, self.max_num_tokens)))

@@ -39,6 +39,19 @@ def create_executor(raw_params: dict[str, str], override: str | None = None, sha
     return executor, params
 
 
+def check_parameters(raw_params: dict[str, str], override: str | None = None) -> None:
+    """Every parameter checked as create_executor reads it, loading no model (ConfigError names the first bad one);
+    what an executor checks only when it loads (TensorRT-LLM's) is left to the load."""
+    name = override or Params(raw_params, accepted=raw_params.keys()).str("executor", DEFAULT_EXECUTOR)
+    if name not in EXECUTOR_MODULES:
+        raise ConfigError(f"parameter executor={name!r}: expected one of {', '.join(sorted(EXECUTOR_MODULES))}")
+    module = importlib.import_module(EXECUTOR_MODULES[name])
+    params = Params(raw_params, accepted=module.PARAMETERS | CHECK_PARAMETERS)
+    logits_bounds(params)
+    if hasattr(module, "check_parameters"):
+        module.check_parameters(params)
+
+
 def logits_bounds(params: Params) -> tuple[int, int]:
     """`max_logits_bytes` (one request) and `max_total_logits_bytes` (all requests in flight; default 4 requests'
     worth), checked."""

@@ -12,7 +12,9 @@ their requests. The first to take the rendezvous lock starts the worker; the oth
 stubs in the worker's life (it refuses more: the instances of a reload start a worker of their own beside the old
 one, even after an old instance's stub died).
 
-The worker leaves when every stub has said bye or its process has ended, however it went. A worker that exits or is
+The worker leaves when every stub has said bye or its process has ended, however it went, or when tritonserver (the
+first stub's parent) has ended. A stub whose process ends without its bye fails the other stubs' engine (`error`,
+naming it). A worker that exits or is
 killed shows as `error` (and `wait_steps` raising), which the poller turns into UNAVAILABLE for every open stream.
 So does a hung worker: once ready it sends at least one message a second (engine_wire.HEARTBEAT_S); none for
 `heartbeat_timeout_s` (the process is stopped, or wedged with the GIL held), or with requests in the engine no new

@@ -5,8 +5,9 @@ The engine's own thread sends its steps (with the iteration stats so far) as it 
 second thread waking for them would take the interpreter's lock from the engine every iteration. Beside it: the
 command loop (submits, cancels, stubs coming and going; never waits on anything slow), the heartbeat (a message
 every HEARTBEAT_S with the engine's iteration counter, and the engine's failure as soon as it fails), the watch on the
-stubs' processes (one that ends leaves, its requests cancelled; the worker stops when none is left, however they
-went), and the guide compiler's pool and deadline thread: a guided request waits there, off the command loop, at
+stubs' processes (one that ends leaves, its requests cancelled; one that ended without a bye fails the other stubs'
+engine, since Triton never answers the requests of a lost stub; the worker stops when none is left, however they
+went, and at once when the stubs' server ends), and the guide compiler's pool and deadline thread: a guided request waits there, off the command loop, at
 most guide_compile_timeout_s for its guide (compiled once, here only; the stub checks the guide's limits but does not
 compile it), then joins the engine or ends with an error step (INVALID_ARG; UNAVAILABLE while the compiler is busy). xgrammar releases the GIL while it
 compiles, so the other threads run meanwhile (they still share the CPU with it).
@@ -28,6 +29,7 @@ from typing import Any
 import zmq
 
 from ..executor_interface import FinishReason, Step
+from ..process_watch import exit_when_ended, parent_of
 from .engine_wire import (
     CLIENT_ID_SHIFT,
     HEARTBEAT_S,
@@ -106,6 +108,8 @@ class _Worker:
 
     def _attach(self, pid: int, address: str, capacity: int) -> _Stub:
         """A stub that said hello (on the command loop): its number and its event socket."""
+        if not self._stubs and not self._numbers:
+            self._end_with_server(pid)
         events = new_socket(self._context, zmq.PUSH)
         events.connect(address)
         try:
@@ -117,6 +121,13 @@ class _Worker:
             stub = self._stubs[self._numbers] = _Stub(self._numbers, events, pidfd)
         log.info("stub %d (pid %d) attached; %d of %d", stub.number, pid, len(self._stubs), capacity)
         return stub
+
+    def _end_with_server(self, stub_pid: int) -> None:
+        """The worker never outlives the server its stubs belong to (the first stub's parent: tritonserver), whatever
+        its stubs do: a stub left behind by a stop that ran out of time would otherwise keep it decoding for hours."""
+        server = parent_of(stub_pid)
+        if server is not None and server > 1:
+            exit_when_ended(server, "the stubs' server", lambda: shutil.rmtree(self.directory, ignore_errors=True))
 
     def _detach(self, number: int, answer: bool) -> int:
         """The stub leaves (a bye, answered; or its process ended): its open requests are cancelled; the stubs
@@ -212,23 +223,40 @@ class _Worker:
 
     def _watch_stubs(self) -> None:
         """A stub whose process ended leaves through the command loop, as a bye does (its events socket stays open,
-        unanswered); the loop ends when the last one goes."""
+        unanswered); the loop ends when the last one goes. One that ended still attached (no bye: killed, crashed)
+        fails the others' engine first (`_peer_lost`)."""
         tell = new_socket(self._context, zmq.PUSH)
         tell.connect(f"ipc://{self.directory}/commands")
         while not self._stopping.is_set():
             with self._send_lock:
-                watched = {stub.pidfd: stub.number for stub in self._stubs.values()}
-            gone = [number for fd, number in watched.items() if fd < 0]
+                watched = {stub.pidfd: stub for stub in self._stubs.values()}
+            gone = [stub for fd, stub in watched.items() if fd < 0]
             try:
                 ready, _, _ = select.select([fd for fd in watched if fd >= 0], [], [], WATCH_S)
             except OSError:  # a pidfd closed by a bye meanwhile: look again
                 continue
-            for number in gone + [watched[fd] for fd in ready]:
-                log.info("stub %d ended: leaving", number)
-                tell.send_multipart(encode(("left", number)), copy=False)
+            for stub in gone + [watched[fd] for fd in ready]:
+                with self._send_lock:
+                    attached = self._stubs.get(stub.number) is stub
+                if not attached:  # it said bye meanwhile (a stub exits once its bye is answered)
+                    continue
+                log.info("stub %d ended: leaving", stub.number)
+                self._peer_lost(stub.number)
+                tell.send_multipart(encode(("left", stub.number)), copy=False)
             if gone or ready:
                 self._stopping.wait(WATCH_S)  # the command loop takes it out meanwhile
         tell.close()
+
+    def _peer_lost(self, number: int) -> None:
+        """A stub ended without saying bye (killed, crashed): the other stubs' model cannot go on. Triton 2.51 never
+        answers that instance's open requests nor restarts its stub, and keeps handing it requests that fail; the
+        others hear it as the engine's failure, end their streams and report the model not ready (it unloads itself)
+        until it is loaded again."""
+        with self._send_lock:
+            others = [stub for stub in self._stubs.values() if stub.number != number]
+            for stub in others:
+                stub.events.send_multipart(encode(("dead", f"instance stub {number} of this engine ended without "
+                                                           "leaving (killed or crashed); reload the model")), copy=False)
 
     def _submit(self, request_id: int, encoded: bytes) -> None:
         from ..embedded.sequence import Sequence

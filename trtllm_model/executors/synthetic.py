@@ -309,6 +309,11 @@ class SyntheticExecutor(Executor):
         return all(synthetic_token(seq.request.input_ids, start + i, self.vocab_size) == t for i, t in enumerate(word))
 
 
+def check_parameters(params: Params) -> None:
+    """Read every parameter as `create` does: ConfigError names the first bad one."""
+    create(params).shutdown()
+
+
 def create(params: Params) -> SyntheticExecutor:
     return SyntheticExecutor(
         step_ms=params.float("synthetic_step_ms", 10.0, minimum=0.0),

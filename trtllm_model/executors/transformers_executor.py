@@ -42,8 +42,8 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    loop); the stub only checks their limits
   max_guide_cache_bytes  compiled guides kept, by their size (default 67108864, 64 MiB); one guide whose grammar
                    is over a quarter of it is refused (INVALID_ARG) and not kept
-  prefill_stall_factor  a step that prefills a prompt chunk beside decoding streams takes at most this many times a
-                   decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is steered
+  prefill_stall_factor  a step that prefills a prompt chunk (beside decoding streams or not) takes at most this many
+                   times a decode-only step (default 2.5 on CPU; 0 = off, the default on CUDA): the chunk size is steered
                    by the engine's own step times, chunks of at least 8 tokens (embedded/step_budget.py). Lower
                    keeps running streams' gaps shorter and starts a long prompt later: on 2 CPU cores, 1.75 against
                    2.5 took a 2,048-token prompt's first token from about 8 to 10-14 s (docs/performance.md)
@@ -271,6 +271,8 @@ class TransformersExecutor(Executor):
 
     def shutdown(self) -> None:
         self.engine.stop()
+        if self._guides is not None:
+            self._guides.close()
 
     def iteration_stats(self) -> list[IterationStats]:
         return self.engine.take_stats()
@@ -357,86 +359,106 @@ def _end_id_of(model: torch.nn.Module, tokenizer: Tokenizer | None) -> int | Non
     return end_id
 
 
+def check_parameters(params: Params) -> None:
+    """Read every parameter as `create` does, loading nothing: ConfigError names the first bad one."""
+    settings(params)
+
+
+def settings(params: Params) -> dict:
+    """Every parameter `create` reads, typed and checked."""
+    device = params.str("device", "cpu")
+    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+        raise ConfigError(f"parameter device={device!r}: expected cpu, cuda or cuda:N")
+    return {
+        "device": device,
+        "dtype": params.str("dtype", default_dtype(device), choices=("float32", "bfloat16", "float16")),
+        "threads": params.int("torch_threads", None, minimum=1),
+        "max_num_tokens": params.int("max_num_tokens", DEFAULT_MAX_NUM_TOKENS, minimum=1),
+        "kv_cache_memory_bytes": params.int("kv_cache_memory_bytes", None, minimum=1),
+        "fraction": params.float("kv_cache_free_gpu_mem_fraction", DEFAULT_FREE_GPU_MEM_FRACTION, minimum=0.0,
+                                 maximum=1.0),
+        "max_batch_size": params.int("max_batch_size", DEFAULT_MAX_BATCH_SIZE, minimum=1),
+        "stats_max_iterations": params.int("iter_stats_max_iterations", 1000, minimum=1),
+        # On a CPU a long prompt's chunk is sized to keep the decoding streams' gap (embedded/step_budget.py); on a
+        # GPU the engine keeps its full budget until the bound is measured there.
+        "stall_factor": params.float("prefill_stall_factor", DEFAULT_CPU_STALL_FACTOR if device == "cpu" else 0.0,
+                                     minimum=0.0),
+        "overlap": params.bool("overlap_steps", True) and device != "cpu",
+        "decode_steps": params.int("decode_steps", None, minimum=1, maximum=DEFAULT_BLOCK_SIZE),
+        "fused": params.bool("fused_forward", True),
+        "guide_limits": (params.int("max_guide_bytes", DEFAULT_MAX_GUIDE_BYTES, minimum=1),
+                         params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001),
+                         params.int("max_guide_cache_bytes", DEFAULT_MAX_GUIDE_CACHE_BYTES, minimum=4)),
+        # On CUDA the worker process frees the engine's steps from the stub's GIL; on a small CPU host the thread
+        # measured as fast or faster (docs/performance.md), so it stays the default there.
+        "engine_process": params.bool("engine_process", device != "cpu"),
+        "model_dir": params.str("model_dir"),
+        "tokenizer_dir": params.str("tokenizer_dir"),
+        "cache_dir": params.str("model_cache_dir"),
+        "enable_kv_cache_reuse": params.bool("enable_kv_cache_reuse", True),
+        "cuda_graphs": params.bool("cuda_graphs", True),
+        "max_input_len": params.int("max_input_len", None, minimum=1),
+        "max_output_len": params.int("max_output_len", None, minimum=1),
+        "max_queue_size": params.int("max_queue_size", None, minimum=1),
+        "heartbeat_timeout_s": params.float("engine_heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S, minimum=2.0),
+    }
+
+
 def create(params: Params, shared_as: str | None = None, peers: int = 1) -> Executor:
     """Build the executor from config.pbtxt parameters (loads the model; tens of seconds on first use). With
     `engine_process`, up to `peers` instances given the same `shared_as` (model.py: the model's instances in one
     server) and the same parameters share one worker."""
-    device = params.str("device", "cpu")
-    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
-        raise ConfigError(f"parameter device={device!r}: expected cpu, cuda or cuda:N")
-    dtype = params.str("dtype", default_dtype(device), choices=("float32", "bfloat16", "float16"))
-    threads = params.int("torch_threads", None, minimum=1)
-    max_num_tokens = params.int("max_num_tokens", DEFAULT_MAX_NUM_TOKENS, minimum=1)
-    kv_cache_memory_bytes = params.int("kv_cache_memory_bytes", None, minimum=1)
-    fraction = params.float("kv_cache_free_gpu_mem_fraction", DEFAULT_FREE_GPU_MEM_FRACTION, minimum=0.0, maximum=1.0)
-    max_batch_size = params.int("max_batch_size", DEFAULT_MAX_BATCH_SIZE, minimum=1)
-    stats_max_iterations = params.int("iter_stats_max_iterations", 1000, minimum=1)
-    # On a CPU a long prompt's chunk is sized to keep the decoding streams' gap (embedded/step_budget.py); on a GPU
-    # the engine keeps its full budget until the bound is measured there.
-    stall_factor = params.float("prefill_stall_factor", DEFAULT_CPU_STALL_FACTOR if device == "cpu" else 0.0,
-                                minimum=0.0)
-    overlap = params.bool("overlap_steps", True) and device != "cpu"
-    decode_steps = params.int("decode_steps", None, minimum=1, maximum=DEFAULT_BLOCK_SIZE)
-    fused = params.bool("fused_forward", True)
-    guide_limits = (params.int("max_guide_bytes", DEFAULT_MAX_GUIDE_BYTES, minimum=1),
-                    params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001),
-                    params.int("max_guide_cache_bytes", DEFAULT_MAX_GUIDE_CACHE_BYTES, minimum=4))
-    # On CUDA the worker process frees the engine's steps from the stub's GIL (the point of issue 24); on a small CPU
-    # host the thread measured as fast or faster (docs/performance.md), so it stays the default there.
-    if params.bool("engine_process", device != "cpu"):
+    s = settings(params)
+    device, dtype, threads = s["device"], s["dtype"], s["threads"]
+    if s["engine_process"]:
         spec = EngineSpec(
-            model_dir=params.str("model_dir"), tokenizer_dir=params.str("tokenizer_dir"),
-            cache_dir=params.str("model_cache_dir"), device=device, dtype=dtype, torch_threads=threads,
-            max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, kv_cache_memory_bytes=kv_cache_memory_bytes,
-            kv_cache_free_gpu_mem_fraction=fraction, stats_max_iterations=stats_max_iterations,
-            enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
-            cuda_graphs=params.bool("cuda_graphs", True), guide_compile_timeout_s=guide_limits[1],
-            max_guide_cache_bytes=guide_limits[2],
-            prefill_stall_factor=stall_factor, overlap_steps=overlap, fused_forward=fused, decode_steps=decode_steps,
+            model_dir=s["model_dir"], tokenizer_dir=s["tokenizer_dir"], cache_dir=s["cache_dir"], device=device,
+            dtype=dtype, torch_threads=threads, max_batch_size=s["max_batch_size"], max_num_tokens=s["max_num_tokens"],
+            kv_cache_memory_bytes=s["kv_cache_memory_bytes"], kv_cache_free_gpu_mem_fraction=s["fraction"],
+            stats_max_iterations=s["stats_max_iterations"], enable_kv_cache_reuse=s["enable_kv_cache_reuse"],
+            cuda_graphs=s["cuda_graphs"], guide_compile_timeout_s=s["guide_limits"][1],
+            max_guide_cache_bytes=s["guide_limits"][2],
+            prefill_stall_factor=s["stall_factor"], overlap_steps=s["overlap"], fused_forward=s["fused"],
+            decode_steps=s["decode_steps"],
         )
         executor = TransformersExecutor.in_worker_process(
             spec,
-            tokenizer_dir=params.str("tokenizer_dir"),
-            max_input_len=params.int("max_input_len", None, minimum=1),
-            max_output_len=params.int("max_output_len", None, minimum=1),
-            max_queue_size=params.int("max_queue_size", None, minimum=1),
-            heartbeat_timeout_s=params.float("engine_heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S, minimum=2.0),
+            tokenizer_dir=s["tokenizer_dir"],
+            max_input_len=s["max_input_len"],
+            max_output_len=s["max_output_len"],
+            max_queue_size=s["max_queue_size"],
+            heartbeat_timeout_s=s["heartbeat_timeout_s"],
             shared_as=shared_as,
             peers=peers,
         )
         log.info("transformers executor: %s on %s (%s) in engine worker %d, as its stub %d",
                  executor.engine.info.source, device, dtype, executor.engine.info.pid, executor.engine.number)
-        return _with_guide_limits(executor, guide_limits)
+        return _with_guide_limits(executor, s["guide_limits"])
     if threads is not None:
         torch.set_num_threads(threads)
-    loaded = load_model(
-        model_dir=params.str("model_dir"),
-        tokenizer_dir=params.str("tokenizer_dir"),
-        device=device,
-        dtype=dtype,
-        cache_dir=params.str("model_cache_dir"),
-    )
+    loaded = load_model(model_dir=s["model_dir"], tokenizer_dir=s["tokenizer_dir"], device=device, dtype=dtype,
+                        cache_dir=s["cache_dir"])
     log.info("transformers executor: %s on %s (%s)", loaded.source, device, dtype)
     if threads is None and device == "cpu":
         FreeCoreThreads().start().attach(loaded.model)
     return _with_guide_limits(TransformersExecutor(
         loaded.model,
         loaded.tokenizer,
-        max_batch_size=max_batch_size,
-        max_num_tokens=max_num_tokens,
-        max_input_len=params.int("max_input_len", None, minimum=1),
-        max_output_len=params.int("max_output_len", None, minimum=1),
-        max_queue_size=params.int("max_queue_size", None, minimum=1),
-        stats_max_iterations=stats_max_iterations,
-        kv_cache_memory_bytes=kv_cache_memory_bytes,
-        kv_cache_free_gpu_mem_fraction=fraction,
-        enable_kv_cache_reuse=params.bool("enable_kv_cache_reuse", True),
-        cuda_graphs=params.bool("cuda_graphs", True),
-        prefill_stall_factor=stall_factor,
-        overlap_steps=overlap,
-        fused_forward=fused,
-        decode_steps=decode_steps,
-    ), guide_limits)
+        max_batch_size=s["max_batch_size"],
+        max_num_tokens=s["max_num_tokens"],
+        max_input_len=s["max_input_len"],
+        max_output_len=s["max_output_len"],
+        max_queue_size=s["max_queue_size"],
+        stats_max_iterations=s["stats_max_iterations"],
+        kv_cache_memory_bytes=s["kv_cache_memory_bytes"],
+        kv_cache_free_gpu_mem_fraction=s["fraction"],
+        enable_kv_cache_reuse=s["enable_kv_cache_reuse"],
+        cuda_graphs=s["cuda_graphs"],
+        prefill_stall_factor=s["stall_factor"],
+        overlap_steps=s["overlap"],
+        fused_forward=s["fused"],
+        decode_steps=s["decode_steps"],
+    ), s["guide_limits"])
 
 
 def _with_guide_limits(executor: TransformersExecutor, limits: tuple[int, float, int]) -> TransformersExecutor:

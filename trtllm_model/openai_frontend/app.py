@@ -45,6 +45,10 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 DONE = b"data: [DONE]\n\n"
 
 
+# The model `--served-model-name` renames: the one that runs the engine.
+SERVED_MODEL = "tensorrt_llm"
+
+
 def _event(payload: dict) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"  # orjson: one C call, where json.dumps builds an encoder
 
@@ -379,12 +383,42 @@ async def until_disconnected(receive, work):
     return task.result()
 
 
+def engine_version(executor: str) -> dict:
+    """The engine behind an executor and its library's version (None where this process cannot tell)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    library = {"transformers": "transformers", "trtllm_engine": "tensorrt_llm",
+               "trtllm_llmapi": "tensorrt_llm"}.get(executor)
+    try:
+        found = version(library) if library else None
+    except PackageNotFoundError:
+        found = None
+    return {"executor": executor, "library": library, "version": found}
+
+
 def create_app(urls: list[str], executor: str | None = None, banner: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, model_repository: str | None = None,
-               log_access: bool = True):
-    """The ASGI application: the completion endpoints first, then FastAPI for the rest (and the lifespan)."""
+               log_access: bool = True, served_model_name: str | None = None):
+    """The ASGI application: the completion endpoints first, then FastAPI for the rest (and the lifespan). With
+    `served_model_name`, the token-level model is known by that name alone (vLLM's --served-model-name)."""
     pool: TritonPool  # made in the server's event loop: a grpc.aio channel belongs to the loop it was made in
     counters = FrontendCounters()
+
+    def public_name(name: str) -> str:
+        return served_model_name if served_model_name and name == SERVED_MODEL else name
+
+    async def served_model(name: str) -> ModelInfo:
+        """The model a request names, by its public name."""
+        if served_model_name and name in (served_model_name, SERVED_MODEL):
+            if name == served_model_name:
+                return await pool.model(SERVED_MODEL)
+            raise ApiError(404, f"The model {name!r} does not exist (GET /v1/models lists the models served)",
+                           "model", "model_not_found")
+        return await pool.model(name)
+
+    def model_card(info: ModelInfo) -> dict:
+        return {"id": public_name(info.name), "object": "model", "created": info.created, "owned_by": "trtllm-triton",
+                "max_model_len": info.context_length}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -420,20 +454,26 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
     @app.get("/v1/models")
     async def list_models() -> dict:
         await pool.refresh_models()
-        return {"object": "list", "data": [
-            {"id": info.name, "object": "model", "created": info.created, "owned_by": "trtllm-triton"}
-            for info in pool.models.values()
-        ]}
+        return {"object": "list", "data": [model_card(info) for info in pool.models.values()]}
 
     @app.get("/v1/models/{name}")
     async def get_model(name: str) -> dict:
-        info = await pool.model(name)
-        return {"id": info.name, "object": "model", "created": info.created, "owned_by": "trtllm-triton"}
+        return model_card(await served_model(name))
+
+    @app.get("/version")
+    async def versions() -> dict:
+        """This project's, Triton's and the served model's engine's versions."""
+        from ..cli import package_version
+
+        await pool.refresh_models()
+        info = pool.models.get(SERVED_MODEL) or next(iter(pool.models.values()), None)
+        return {"version": package_version(), "triton": await pool.server_version(),
+                "engine": engine_version(info.executor) if info else None}
 
     async def complete(scope, receive, record: AccessRecord, kind: type[ChatRequest] | type[CompletionRequest],
                        prefix: str) -> Response | SseResponse:
         request = parse_body(await request_body(scope, receive, max_body_bytes), kind)
-        info = await pool.model(request.model)
+        info = await served_model(request.model)
         input_ids = await prompt_ids(request, info)
         sampling = _sampling(request, info, len(input_ids))
         triton = await pool.send(info, input_ids, sampling)
@@ -493,12 +533,15 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
                 record.reason = _error_code(message["body"])
             await send(message)
 
-        route = COMPLETION_ROUTES.get(scope["path"]) if scope["method"] == "POST" else None
+        route = COMPLETION_ROUTES.get(scope["path"])
         try:
             if route is None:
                 await app(scope, receive, recording_send)
                 return
             try:
+                if scope["method"] != "POST":
+                    raise ApiError(405, f"Invalid method ({scope['method']} {scope['path']}): use POST", None,
+                                   "method_not_allowed")
                 response = await complete(scope, receive, record, *route)
             except ApiError as error:
                 response = _error_response(error)
@@ -620,7 +663,7 @@ def _http_protocol():
 
 def run(urls: list[str], host: str, port: int, executor: str | None = None, log_level: str = "warning",
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, model_repository: str | None = None,
-        log_access: bool = True) -> None:
+        log_access: bool = True, served_model_name: str | None = None) -> None:
     """Serve the API until SIGINT/SIGTERM (uvicorn lets open responses finish first). The access log (a line per
     request: method, path, status, error code, tokens in and out, seconds) goes to stderr."""
     import uvicorn
@@ -632,7 +675,7 @@ def run(urls: list[str], host: str, port: int, executor: str | None = None, log_
         access_log.setLevel(logging.INFO)
         access_log.propagate = False
     app = create_app(urls, executor, f"trtllm-triton openai: ready. http://{host}:{port}/v1 -> Triton gRPC "
-                     f"{', '.join(urls)}", max_body_bytes, model_repository, log_access)
+                     f"{', '.join(urls)}", max_body_bytes, model_repository, log_access, served_model_name)
     # No X-Forwarded-* handling (nothing here uses the client's address: one ASGI layer less per request), no access
     # log below "info" (uvicorn formats each line's fields even when the logger drops it), no "server" header.
     uvicorn.run(app, host=host, port=port, log_level=log_level, loop="uvloop", http=_http_protocol(),

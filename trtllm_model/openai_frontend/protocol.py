@@ -32,9 +32,12 @@ class ApiError(Exception):
 
     @property
     def type(self) -> str:
-        return {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
-                429: "rate_limit_error",
-                503: "service_unavailable_error"}.get(self.status, "server_error")
+        """OpenAI's error type: every refusal of the request itself (4xx, a wrong method too) is invalid_request_error."""
+        if self.status == 429:
+            return "rate_limit_error"
+        if 400 <= self.status < 500:
+            return "invalid_request_error"
+        return "service_unavailable_error" if self.status == 503 else "server_error"
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -261,6 +264,7 @@ def parse_body(raw: bytes, model: type[_Body]) -> Any:
         location = [str(part) for part in first["loc"]]
         # Union members repeat the field's path with the type tried (e.g. prompt.str): keep the path.
         param = ".".join(p for p in location if not p.startswith(("str", "list[", "int", "float", "dict")))
-        raise ApiError(400, f"{param or 'body'}: {first['msg']}", param or None, "invalid_value") from None
+        reason = first["msg"].removeprefix("Value error, ")  # pydantic's wording for a validator's ValueError
+        raise ApiError(400, f"{param or 'body'}: {reason}", param or None, "invalid_value") from None
     request.check_supported()
     return request

@@ -88,6 +88,20 @@ def _with_system_text(messages: list[dict], text: str) -> list[dict]:
 
 
 def context_length(tokenizer: Tokenizer) -> int | None:
-    """The tokenizer's model_max_length when it is a real limit (transformers uses ~1e30 for 'unknown')."""
+    """The model's context length: the tokenizer's model_max_length when it is a real limit (transformers uses ~1e30
+    for 'unknown'), else the positions in the config.json beside the tokenizer (a Hugging Face checkpoint's)."""
     length = getattr(tokenizer, "model_max_length", None)
-    return int(length) if isinstance(length, int) and 0 < length < 10**7 else None
+    if isinstance(length, int) and 0 < length < 10**7:
+        return int(length)
+    import json
+    from pathlib import Path
+
+    directory = getattr(tokenizer, "name_or_path", None)
+    if not directory:
+        return None
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    positions = config.get("max_position_embeddings") or config.get("n_positions")
+    return int(positions) if isinstance(positions, int) and positions > 0 else None

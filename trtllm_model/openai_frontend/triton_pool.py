@@ -60,6 +60,7 @@ class ModelInfo:
     decoupled: bool = True  # streams its responses; otherwise one response per request
     batched: bool = False  # max_batch_size > 0: every tensor has a leading batch dimension of 1
     tokens_per_block: int = EMBEDDED_TOKENS_PER_BLOCK  # to count reused KV blocks as cached prompt tokens
+    executor: str = "transformers"  # the engine behind it (for /version)
     created: int = field(default_factory=lambda: int(time.time()))
     request_template: service_pb2.ModelInferRequest = field(init=False)  # what every request to it starts from
 
@@ -257,7 +258,10 @@ def api_error_from_triton(message: str, param_names: dict[str, str]) -> ApiError
     match = _ERROR.match(message)
     code, text = match.group("code"), match.group("text")
     if code == "INVALID_ARG" and _TOO_LONG.match(text):
-        return ApiError(400, text, param_names.get("input_ids"), "context_length_exceeded")
+        prompt = param_names.get("input_ids")
+        # The prompt as the caller sent it (messages, prompt), not the model's input tensor.
+        text = text.replace("input_ids: prompt", f"{prompt}: prompt", 1) if prompt else text
+        return ApiError(400, text, prompt, "context_length_exceeded")
     if code in ("INVALID_ARG", "UNSUPPORTED"):
         name = _FIELD.match(text)
         param = param_names.get(name.group("name")) if name else None
@@ -392,7 +396,11 @@ class TritonPool:
                          decoupled=config.get("model_transaction_policy", {}).get("decoupled", False),
                          batched=int(config.get("max_batch_size", 0) or 0) > 0,
                          tokens_per_block=int(block) if block else default_block,
-                         outputs=frozenset(o["name"] for o in config.get("output", [])))
+                         outputs=frozenset(o["name"] for o in config.get("output", [])), executor=executor)
+
+    async def server_version(self) -> str:
+        """Triton's version, as its server metadata says."""
+        return (await self._first_answer(lambda c: c.get_server_metadata(as_json=True))).get("version", "")
 
     async def model(self, name: str) -> ModelInfo:
         info = self.models.get(name)
