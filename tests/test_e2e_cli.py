@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 from conftest import start_server
 from triton_client import as_inputs
 
-from trtllm_model.cli import package_version
+from trtllm_model import package_version
 from trtllm_model.server import cuda_driver_present
 
 pytestmark = pytest.mark.e2e

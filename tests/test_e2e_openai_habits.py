@@ -12,7 +12,7 @@ from openai import OpenAI
 from openai_server import start_openai_server
 from test_e2e_llmapi import copy_repository
 
-from trtllm_model.cli import package_version
+from trtllm_model import package_version
 
 pytestmark = pytest.mark.e2e
 

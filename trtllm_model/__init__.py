@@ -17,3 +17,13 @@ def _add_pythonpath() -> None:
 
 
 _add_pythonpath()
+
+
+def package_version() -> str:
+    """This package's installed version (`trtllm-triton --version`, the OpenAI API's /version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trtllm-triton")
+    except PackageNotFoundError:
+        return "(not installed: running from a source tree)"

@@ -17,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from . import package_version
 from .http_guard import HttpGuard, Route
 from .process_watch import LostStubWatch, end_process_group
 from .server import (
@@ -414,15 +415,6 @@ def machine_instances(repository: Path, parameters: dict[str, str], executor: st
           f"for every {CORES_PER_STUB} cores, at most {MAX_DEFAULT_INSTANCES}, so that responses keep up at 256+ "
           "streams); --instances N to change", flush=True)
     return count
-
-
-def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("trtllm-triton")
-    except PackageNotFoundError:
-        return "(not installed: running from a source tree)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -463,7 +463,7 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
     @app.get("/version")
     async def versions() -> dict:
         """This project's, Triton's and the served model's engine's versions."""
-        from ..cli import package_version
+        from .. import package_version
 
         await pool.refresh_models()
         info = pool.models.get(SERVED_MODEL) or next(iter(pool.models.values()), None)
