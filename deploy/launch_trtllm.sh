@@ -61,7 +61,7 @@ case "$executor" in
     ;;
 esac
 for assignment in ${CONFIGURE_SETS:-}; do sets+=(--set "$assignment"); done
-PYTHONPATH="$package_root" "$python" -m trtllm_model.configure --executor "$executor" --output "$repository" --force "${sets[@]}"
+PYTHONPATH="$package_root" "$python" -m trtllm_model.launch.configure --executor "$executor" --output "$repository" --force "${sets[@]}"
 if [ "${CONFIGURE_ONLY:-0}" = 1 ]; then exit 0; fi
 
 # The models ask this endpoint whether they are still served (pb_utils.is_model_ready can crash a stub while the
@@ -85,7 +85,7 @@ serving=(--http-port="$http_port" --grpc-port="$grpc_port" --metrics-port="$metr
 # The OpenAI API reads the model's tokenizer through the repository (no admin key needed).
 frontend=
 if [ -n "${OPENAI_PORT:-}" ]; then
-  PYTHONPATH="$package_root" "$python" -m trtllm_model.cli openai --triton-url="127.0.0.1:$grpc_port" --host=0.0.0.0 \
+  PYTHONPATH="$package_root" "$python" -m trtllm_model.launch.cli openai --triton-url="127.0.0.1:$grpc_port" --host=0.0.0.0 \
     --port="$OPENAI_PORT" --model-repository="$repository" &
   frontend=$!
 fi

@@ -392,7 +392,7 @@ def frontend_alone(*args: str, admin_key: str = "", output: list[str] | None = N
     """`trtllm-triton openai ARGS` on a free port, once it answers; yields its base URL (http://...:PORT).
     `admin_key`: the server's, for the repository index it lists the models with; `output` gets what it printed."""
     (port,) = free_ports(1)
-    process = subprocess.Popen([sys.executable, "-m", "trtllm_model.cli", "openai", f"--port={port}", *args],
+    process = subprocess.Popen([sys.executable, "-m", "trtllm_model.launch.cli", "openai", f"--port={port}", *args],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env={**os.environ, ADMIN_KEY_ENV: admin_key})
     base = f"http://127.0.0.1:{port}"

@@ -102,7 +102,7 @@ def test_completion_prompt_forms():
 
 def test_frontend_and_model_stay_apart():
     frontend = PACKAGE / "openai_frontend"
-    edge = ("trtllm_model.model", "trtllm_model.triton_io", "trtllm_model.poller", "trtllm_model.bls_forwarding")
+    edge = ("trtllm_model.triton.model", "trtllm_model.triton.triton_io", "trtllm_model.serving.poller", "trtllm_model.triton.bls_forwarding")
     for path in frontend.glob("*.py"):
         offending = {name for name in imported_modules(path) if any(name == e or name.startswith(f"{e}.") for e in edge)}
         assert not offending, f"{path.name} imports {offending}"

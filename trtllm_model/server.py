@@ -19,7 +19,7 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
-# `serve --executor NAME` passes the override to the model (trtllm_model.model) through this variable.
+# `serve --executor NAME` passes the override to the model (trtllm_model.triton.model) through this variable.
 EXECUTOR_OVERRIDE_ENV = "TRTLLM_TRITON_EXECUTOR"
 LOOPBACK = "127.0.0.1"
 # `serve` tells the models where the server's HTTP endpoint is, so that they ask it whether they are still served

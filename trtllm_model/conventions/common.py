@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..executor_interface import GenerationRequest, Tokenizer
-from ..request_checks import MAX_WORD_LIST_TOKENS, MAX_WORD_TOKENS, MAX_WORDS
+from ..pipeline.request_checks import MAX_WORD_LIST_TOKENS, MAX_WORD_TOKENS, MAX_WORDS
 
 UINT64_MAX = 2**64 - 1
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..executor_interface import OPTIONAL_INPUTS, GenerationRequest, Tokenizer
-from ..request_checks import MAX_BIAS_VALUES, MAX_GUIDE_BYTES, MAX_NAME_BYTES, MAX_WORD_LIST_TOKENS
+from ..pipeline.request_checks import MAX_BIAS_VALUES, MAX_GUIDE_BYTES, MAX_NAME_BYTES, MAX_WORD_LIST_TOKENS
 from .common import (
     PERF_OUTPUTS,
     UINT64_MAX,

@@ -37,7 +37,7 @@ from ..executor_interface import (
     Step,
 )
 from ..params import Params
-from ..request_checks import check_request
+from ..pipeline.request_checks import check_request
 
 PARAMETERS = frozenset({"synthetic_step_ms", "synthetic_vocab_size", "synthetic_tokens_per_block"})
 FAULTS = ("reject", "error_at", "crash_at", "stall_ms")

@@ -107,7 +107,7 @@ from ..executor_interface import (
     Tokenizer,
 )
 from ..params import ConfigError, Params
-from ..request_checks import check_request
+from ..pipeline.request_checks import check_request
 from .engine_client import DEFAULT_HEARTBEAT_TIMEOUT_S, EngineProcess
 from .engine_wire import EngineSpec
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..build_limits import check_within_build
 from ..executor_interface import (
     BuildLimits,
     Executor,
@@ -31,8 +30,9 @@ from ..executor_interface import (
     Tokenizer,
 )
 from ..params import ConfigError, Params
-from ..request_checks import PARAMETERS as CHECK_PARAMETERS
-from ..request_checks import check_request
+from ..pipeline.build_limits import check_within_build
+from ..pipeline.request_checks import PARAMETERS as CHECK_PARAMETERS
+from ..pipeline.request_checks import check_request
 from . import apply_logits_bounds, logits_bounds
 from .trtllm_engine import import_tensorrt_llm
 from .trtllm_llmapi_mapping import (

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..detokenizer import IncrementalDetokenizer
 from ..executor_interface import Tokenizer
+from ..pipeline.detokenizer import IncrementalDetokenizer
 
 
 @dataclass(slots=True)

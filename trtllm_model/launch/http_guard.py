@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .request_checks import MAX_GUIDE_BYTES
-from .server import LOOPBACK
+from ..pipeline.request_checks import MAX_GUIDE_BYTES
+from ..server import LOOPBACK
 
 # Request line and headers together. Longer than any header a client of this server sends (the admin key, a
 # trace context), and bounds the query string libevhtp decodes on the stack the same way as a form body.

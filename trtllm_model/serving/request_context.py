@@ -10,7 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .conventions.common import ParsedRequest
+from ..conventions.common import ParsedRequest
 
 
 class ErrorCode(enum.Enum):

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .conventions.common import ResponseContent
-from .conventions.inflight_batcher import response_outputs  # the default convention's outputs
+from ..conventions.common import ResponseContent
+from ..conventions.inflight_batcher import response_outputs  # the default convention's outputs
+from ..executor_interface import FinishReason, Step
 from .delivery_timing import PhaseTimes
-from .executor_interface import FinishReason, Step
 from .request_context import ErrorCode, RequestContext
 
 
