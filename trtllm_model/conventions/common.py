@@ -73,6 +73,7 @@ class ResponseContent:
     texts: list[str] | None = None  # one per beam (text requests)
     log_probs: list[list[float]] | None = None  # one list per beam
     cum_log_probs: list[float] | None = None  # one per beam
+    top_log_probs: list[list[tuple[int, float]]] | None = None  # per token (one beam): the likeliest (id, log prob)
     finish_reason: str | None = None
     num_output_tokens: int = 0
     sequence_index: int = 0

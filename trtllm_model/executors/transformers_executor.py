@@ -130,7 +130,8 @@ DEFAULT_CPU_STALL_FACTOR = 2.5
 
 
 class TransformersExecutor(Executor):
-    optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "guided_decoding", "cache_salt"})
+    optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "guided_decoding", "cache_salt",
+                                 "top_log_probs"})
     max_guide_bytes: int = DEFAULT_MAX_GUIDE_BYTES
     guide_compile_timeout_s: float = DEFAULT_GUIDE_COMPILE_TIMEOUT_S
     max_guide_cache_bytes: int = DEFAULT_MAX_GUIDE_CACHE_BYTES
