@@ -14,7 +14,7 @@ from conftest import start_server
 from triton_client import StreamClient, as_inputs, model_error, stream_once, tensor, text_inputs, token_inputs
 from tritonclient.utils import InferenceServerException
 
-from trtllm_model.request_checks import MAX_WORDS
+from trtllm_model.pipeline.request_checks import MAX_WORDS
 
 pytestmark = pytest.mark.e2e
 
@@ -153,8 +153,8 @@ def test_a_batchs_prompts_are_tokenized_together_and_a_bad_one_fails_alone(tmp_p
     prompts are tokenized in one call (conventions/parsing.py). Each good one is answered with its own prompt's token
     count; an empty prompt, one over max_input_len once tokenized, and one that is not UTF-8 each get their own
     INVALID_ARG."""
-    from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import load_tokenizer
+    from trtllm_model.pipeline.detokenizer import chat_prompt_ids
 
     server = start_server(tmp_path, executor="transformers", models=("tensorrt_llm",),
                           config_edits={"max_queue_delay_microseconds: 0": "max_queue_delay_microseconds: 2000000"},
