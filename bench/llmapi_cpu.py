@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/llmapi_cpu.py [--loads 1 16] [--step-ms 10] [--window 8] [--max-tokens 64]
     .venv/bin/python bench/llmapi_cpu.py --engine-alone        # the fake engine and the executor, no Triton
+    .venv/bin/python bench/llmapi_cpu.py --model-py DIR/model.py   # NVIDIA's LLM API model.py over the same fake
 
 One server (`trtllm-triton serve`, the LLM API layout decoupled, executor trtllm_llmapi over the fake LLM, which
 makes one token a request every `--step-ms`). At each load N, N gRPC streams send `--max-tokens`-token streaming
@@ -11,6 +12,9 @@ the server's process tree (serve, tritonserver, the stub). Printed a load: deliv
 and microseconds of server CPU a delivered token, the stub's share apart. `--engine-alone` measures instead, in this
 process with no Triton and no poller, the CPU a step of the fake LLM and the project's LLM API executor alone (its
 event loop and hand-offs): the part of a stub's CPU that comes with the engine, whatever model sends the responses.
+`--model-py` serves another model.py in the same layout, for an anchor on the same engine and clients: NVIDIA's LLM
+API model (TensorRT-LLM backend 0.19's `all_models/llmapi/tensorrt_llm/1/`, with its helpers.py), whose imports the
+fake lacks (mpi4py, `tensorrt_llm._utils`, ...) get small stand-ins written beside it; it is not in this repository.
 """
 
 from __future__ import annotations
@@ -39,16 +43,45 @@ from trtllm_model.server import PROJECT_ROOT  # noqa: E402
 PROMPT = "!"  # byte 33: the fake's next tokens are bytes 34, 35, ...: one ASCII character a token up to 93 tokens
 
 
-def repository(workdir: Path, max_batch: int) -> Path:
+# What NVIDIA's LLM API model.py (TensorRT-LLM backend 0.19's layout) imports beyond the fake: module -> source.
+NVIDIA_SHIMS = {
+    "mpi4py/__init__.py": "",
+    "mpi4py/MPI.py": "COMM_WORLD = None\n",
+    "mpi4py/futures.py": "class MPICommExecutor:\n    def __init__(self, comm=None):\n        pass\n\n"
+                         "    def __enter__(self):\n        return None\n\n    def __exit__(self, *exc):\n"
+                         "        return False\n",
+    "tensorrt_llm/_torch/__init__.py": "",
+    # The model passes `streaming` third, as the PyTorch LLM of that release took it.
+    "tensorrt_llm/_torch/llm.py": "from ..llmapi import LLM as _LLM\n\n\nclass LLM(_LLM):\n"
+                                  "    def generate_async(self, inputs, sampling_params=None, streaming=False, **kw):\n"
+                                  "        return super().generate_async(inputs, sampling_params, streaming=streaming, **kw)\n",
+    "tensorrt_llm/llmapi/llm_utils.py": "def update_llm_args_with_extra_dict(args, extra, *rest):\n"
+                                        "    return {**args, **(extra or {})}\n",
+    # Its helpers pass beam_width, which the fake's SamplingParams (as today's API) does not take.
+    "tensorrt_llm/_utils.py": "from . import SamplingParams\n\n_init = SamplingParams.__init__\n\n\n"
+                              "def _without_beam_width(self, *args, beam_width=1, **kwargs):\n"
+                              "    _init(self, *args, **kwargs)\n\n\nSamplingParams.__init__ = _without_beam_width\n\n\n"
+                              "def global_mpi_rank():\n    return 0\n",
+}
+
+
+def repository(workdir: Path, max_batch: int, model_py: Path | None = None) -> Path:
     root = workdir / "repository"
     version = root / "tensorrt_llm" / "1"
     shutil.copytree(PROJECT_ROOT / "model_repository_llmapi" / "tensorrt_llm", root / "tensorrt_llm",
                     ignore=shutil.ignore_patterns("__pycache__"))
     checkpoint = make_checkpoint_dir(workdir / "checkpoint")
+    executor = "" if model_py is not None else "executor: trtllm_llmapi\n"
     (version / "model.yaml").write_text(
-        f"executor: trtllm_llmapi\nmodel: {checkpoint}\nbackend: pytorch\nmax_batch_size: {max_batch}\n"
+        f"{executor}model: {checkpoint}\nbackend: pytorch\nmax_batch_size: {max_batch}\n"
         f"triton_config:\n  max_batch_size: 0\n  decoupled: true\n")
     shutil.copytree(FAKES_DIR / "tensorrt_llm", version / "tensorrt_llm", ignore=shutil.ignore_patterns("__pycache__"))
+    if model_py is not None:
+        for source in model_py.parent.glob("*.py"):  # model.py and its helpers.py
+            shutil.copy(source, version / source.name)
+        for name, text in NVIDIA_SHIMS.items():
+            (version / name).parent.mkdir(parents=True, exist_ok=True)
+            (version / name).write_text(text)
     return root
 
 
@@ -60,6 +93,7 @@ class Stream:
         self.number, self.max_tokens = number, max_tokens
         self.counting = False
         self.tokens = self.responses = self.errors = 0
+        self.last_error = ""
         self._sent = 0
         self._seen = 0
         self._stopped = False
@@ -79,6 +113,7 @@ class Stream:
     def _on_response(self, result, error) -> None:
         if error is not None:
             self.errors += self.counting
+            self.last_error = self.last_error or str(error)
             final = True
         else:
             response = result.get_response()
@@ -169,6 +204,8 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=8.0)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--engine-alone", action="store_true", help="the fake LLM and the executor in process only")
+    parser.add_argument("--model-py", type=Path, default=None,
+                        help="another LLM API model.py (NVIDIA's, with its helpers.py beside it) in place of ours")
     args = parser.parse_args()
     if args.max_tokens > 90:
         parser.error("--max-tokens: at most 90 (the fake's tokens stay one ASCII character each)")
@@ -190,7 +227,7 @@ def measure_server(args: argparse.Namespace) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="llmapi-cpu-") as tmp:
         workdir = Path(tmp)
-        repo = repository(workdir, max(64, max(args.loads)))
+        repo = repository(workdir, max(64, max(args.loads)), args.model_py)
         env = {"FAKE_TRTLLM_STEP_MS": args.step_ms}
         server = start_server(workdir / "server", executor=None, repository=repo, env=env, models=("tensorrt_llm",))
         try:
@@ -216,12 +253,13 @@ def measure_server(args: argparse.Namespace) -> list[dict]:
                        "stub_cores": (stub1 - stub0) / (t1 - t0),
                        "us_per_token": 1e6 * (cpu1 - cpu0) / tokens if tokens else None,
                        "stub_us_per_token": 1e6 * (stub1 - stub0) / tokens if tokens else None,
-                       "errors": sum(s.errors for s in streams)}
+                       "errors": sum(s.errors for s in streams),
+                       "an_error": next((s.last_error for s in streams if s.last_error), "")}
                 rows.append(row)
                 print(f"{load:4d} streams: {row['tok_s']:7.0f} tok/s, {row['responses_s']:7.0f} responses/s, server "
                       f"{row['server_cores']:.2f} cores, {row['us_per_token'] or 0:.0f} us a token (stub "
                       f"{row['stub_us_per_token'] or 0:.0f}), "
-                      f"errors {row['errors']}", flush=True)
+                      f"errors {row['errors']}" + (f" ({row['an_error'][:300]})" if row["errors"] else ""), flush=True)
                 time.sleep(1.0)
         finally:
             server.stop()

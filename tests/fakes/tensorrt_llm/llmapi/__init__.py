@@ -180,6 +180,9 @@ class RequestOutput:
             else:
                 output.token_ids_diff = list(new)
                 output.token_ids = output.token_ids + list(new)
+            if self._params.detokenize and self._llm.tokenizer is not None:  # as the API's result handler: text too
+                output.text_diff = self._llm.tokenizer.decode(output.token_ids_diff)
+                output.text = output.text + output.text_diff
             if self._params.logprobs:
                 output.logprobs_diff = [_logprob_entry(t, self._params.logprobs) for t in output.token_ids_diff]
                 output.logprobs = output.logprobs + output.logprobs_diff
