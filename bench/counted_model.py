@@ -9,7 +9,7 @@ import sys
 if os.environ.get("BENCH_CODE_DIR"):  # serving.py --code: an older checkout's package, before the installed one
     sys.path.insert(0, os.environ["BENCH_CODE_DIR"])
 
-from trtllm_model.model import TritonPythonModel as _ProductModel  # noqa: E402
+from trtllm_model.triton.model import TritonPythonModel as _ProductModel  # noqa: E402
 
 sys.path.insert(0, os.environ["BENCH_DIR"])
 from counted import count_generated  # noqa: E402

@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine import QUESTIONS  # noqa: E402
-from trtllm_model.detokenizer import chat_prompt_ids  # noqa: E402
 from trtllm_model.embedded.model_loading import load_model  # noqa: E402
+from trtllm_model.pipeline.detokenizer import chat_prompt_ids  # noqa: E402
 
 
 def greedy(model: torch.nn.Module, prompt: list[int], max_tokens: int) -> list[int]:

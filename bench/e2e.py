@@ -55,11 +55,11 @@ def percentile(values, q: float) -> float | None:
 
 # -- in process ----------------------------------------------------------------------------------------------------
 def in_process(args, loads: list[int]) -> list[dict]:
-    from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import default_dtype, load_model
     from trtllm_model.executor_interface import GenerationRequest
     from trtllm_model.executors.engine_wire import EngineSpec
     from trtllm_model.executors.transformers_executor import TransformersExecutor
+    from trtllm_model.pipeline.detokenizer import chat_prompt_ids
 
     dtype = args.dtype or default_dtype(args.device)
     if args.engine_process == "true":  # the same worker process the server runs
@@ -427,7 +427,7 @@ def main() -> int:
 
 def product_instances(args) -> int:
     """The instance count `trtllm-triton serve` would choose here for these settings."""
-    from trtllm_model.instances import default_instance_count, usable_cores
+    from trtllm_model.triton.instances import default_instance_count, usable_cores
 
     served = dict(item.split("=", 1) for item in args.param)
     engine_process = (args.engine_process or served.get("engine_process", str(args.device != "cpu"))).lower() == "true"

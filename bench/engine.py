@@ -32,11 +32,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_model.detokenizer import chat_prompt_ids  # noqa: E402
 from trtllm_model.embedded.model_loading import default_dtype, load_model  # noqa: E402
 from trtllm_model.executor_interface import GenerationRequest  # noqa: E402
 from trtllm_model.executors.engine_wire import EngineSpec  # noqa: E402
 from trtllm_model.executors.transformers_executor import TransformersExecutor  # noqa: E402
+from trtllm_model.pipeline.detokenizer import chat_prompt_ids  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -4,15 +4,15 @@
     .venv/bin/python bench/ensemble_cancel_flood.py --model tensorrt_llm --stop-row --no-cancel   # a `stop` row
     .venv/bin/python bench/ensemble_cancel_flood.py --cancel-once --rows 1 --max-tokens 400 --executor transformers
 
-Starts `trtllm-triton serve --executor synthetic` (the project repository: `ensemble` is a one-step Triton ensemble
-over `tensorrt_llm`). `--flooders` threads each loop: open a gRPC stream, send one `ensemble` request of `--rows`
+Starts `trtllm-triton serve --executor EXECUTOR` (`--executor`, default synthetic; the project repository: `ensemble`
+is a one-step Triton ensemble over `tensorrt_llm`). `--flooders` threads each loop: open a gRPC stream, send one `ensemble` request of `--rows`
 rows with `--max-tokens`, wait for its first response, cancel the call (as `stop_stream(cancel_requests=True)`).
-Triton 2.51 checks an ensemble's cancellation only between its steps, so `tensorrt_llm` may never hear of it.
+Triton passes an ensemble's cancellation only to steps it starts later, so `tensorrt_llm` never hears of it.
 Meanwhile a victim sends one 8-token `tensorrt_llm` request every 0.1 s and records whether it was served and its
 time to last token; the model's `nv_llm_open_requests` is sampled each second. Prints a summary; `--json` writes it.
 `--model tensorrt_llm` sends the flood there directly; `--stop-row` makes its row 0 a `stop` (for an id not in flight).
 `--cancel-once`: no flood, no victim; one request of `--rows` rows, cancelled at its first response; prints how long
-after the cancel the model's open requests reach 0 (`--executor` picks the engine).
+after the cancel its rows ended, how (finish reasons) and the tokens generated.
 """
 
 from __future__ import annotations
@@ -72,31 +72,47 @@ def victim(url: str, stop: threading.Event, outcomes: list) -> None:
         time.sleep(0.1)
 
 
+def finished_by_reason(metrics_url: str) -> dict[str, float]:
+    found = scrape(metrics_url).find("nv_llm_requests_finished_total", model="tensorrt_llm")
+    return {dict(key)["finish_reason"]: value for key, value in found.items()}
+
+
 def cancel_once(rows: int, max_tokens: int, model: str, executor: str, parameters: dict[str, str]) -> dict:
+    """The rows' finish, read from the model's counters (its open-requests gauge is refreshed every 0.1 s, so right
+    after a fast first response it may not show the request yet)."""
     with tempfile.TemporaryDirectory(prefix="ensemble-cancel-") as workdir:
         server = start_server(Path(workdir), executor=executor, parameters=parameters)
         try:
+            before = finished_by_reason(server.metrics_url)
+            tokens_before = scrape(server.metrics_url).value("nv_llm_generation_tokens_total", model="tensorrt_llm")
             client = StreamClient(server.grpc_url)
+            started = time.monotonic()
             result = client.send(model, ensemble_rows(rows, max_tokens), "cancelled")
             while not result.responses and not result.errors:
                 time.sleep(0.005)
             client.cancel()
             cancelled = time.monotonic()
             client.close()
-            while scrape(server.metrics_url).value("nv_llm_open_requests", model="tensorrt_llm") and \
-                    time.monotonic() - cancelled < 600:
-                time.sleep(0.2)
+            while True:
+                now = finished_by_reason(server.metrics_url)
+                delta = {reason: int(now[reason] - before.get(reason, 0)) for reason in now}
+                if sum(delta.values()) >= rows or time.monotonic() - cancelled > 600:
+                    break
+                time.sleep(0.1)
             ended_s = time.monotonic() - cancelled
+            tokens = scrape(server.metrics_url).value("nv_llm_generation_tokens_total", model="tensorrt_llm")
         finally:
             server.stop()
     return {"rows": rows, "max_tokens": max_tokens, "model": model, "executor": executor, "parameters": parameters,
-            "open_requests_at_0_after_cancel_s": round(ended_s, 1)}
+            "first_response_s": round(cancelled - started, 2), "rows_ended_after_cancel_s": round(ended_s, 1),
+            "finish_reasons": {reason: n for reason, n in delta.items() if n},
+            "tokens_generated": int(tokens - tokens_before)}
 
 
 def run(seconds: float, rows: int, max_tokens: int, flooders: int, parameters: dict[str, str],
-        cancel: bool = True, model: str = "ensemble", stop_row: bool = False) -> dict:
+        cancel: bool = True, model: str = "ensemble", stop_row: bool = False, executor: str = "synthetic") -> dict:
     with tempfile.TemporaryDirectory(prefix="ensemble-flood-") as workdir:
-        server = start_server(Path(workdir), parameters=parameters)
+        server = start_server(Path(workdir), executor=executor, parameters=parameters)
         try:
             stop, counts, outcomes, open_samples = threading.Event(), {"sent": 0, "started": 0, "refused": 0}, [], []
             baseline: list = []
@@ -132,7 +148,7 @@ def run(seconds: float, rows: int, max_tokens: int, flooders: int, parameters: d
             refusals[error] = refusals.get(error, 0) + 1
     return {
         "rows": rows, "max_tokens": max_tokens, "flooders": flooders, "cancel": cancel, "seconds": seconds, "parameters": parameters,
-        "model": model, "stop_row": stop_row,
+        "model": model, "stop_row": stop_row, "executor": executor,
         "flood_requests": counts,
         "victim_alone_p50_s": statistics.median(s for _, s in baseline),
         "victim_requests": len(outcomes), "victim_served": len(served),
@@ -155,7 +171,7 @@ def main() -> int:
     parser.add_argument("--model", choices=["ensemble", "tensorrt_llm"], default="ensemble")
     parser.add_argument("--stop-row", action="store_true", help="row 0 of each flood request is a `stop`")
     parser.add_argument("--cancel-once", action="store_true", help="one request, cancelled at its first response")
-    parser.add_argument("--executor", default="synthetic", help="with --cancel-once: the engine")
+    parser.add_argument("--executor", default="synthetic", help="the engine")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     parameters = dict(p.split("=", 1) for p in args.param)
@@ -163,7 +179,7 @@ def main() -> int:
         report = cancel_once(args.rows, args.max_tokens, args.model, args.executor, parameters)
     else:
         report = run(args.seconds, args.rows, args.max_tokens, args.flooders, parameters, cancel=not args.no_cancel,
-                     model=args.model, stop_row=args.stop_row)
+                     model=args.model, stop_row=args.stop_row, executor=args.executor)
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:

@@ -1,4 +1,4 @@
-"""What `serve`'s HTTP guard (trtllm_model/http_guard.py) costs, against tritonserver's own port, in one run.
+"""What `serve`'s HTTP guard (trtllm_model/launch/http_guard.py) costs, against tritonserver's own port, in one run.
 
     .venv/bin/python bench/http_guard.py                      # about a minute
     .venv/bin/python bench/http_guard.py --requests 400 --streams 32 --tokens 300
@@ -34,7 +34,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent / "tests"))
 from conftest import start_server  # noqa: E402
 
-from trtllm_model.http_guard import MAX_BODY_BYTES, MAX_JSON_DEPTH, nested_deeper_than  # noqa: E402
+from trtllm_model.launch.http_guard import MAX_BODY_BYTES, MAX_JSON_DEPTH, nested_deeper_than  # noqa: E402
 
 SMALL = json.dumps({"text_input": "hello", "max_tokens": 1}).encode()
 

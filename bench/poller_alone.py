@@ -32,8 +32,8 @@ def main() -> int:
     from trtllm_model.conventions.common import ParsedRequest
     from trtllm_model.executor_interface import GenerationRequest
     from trtllm_model.executors.synthetic import SyntheticExecutor
-    from trtllm_model.poller import Poller
-    from trtllm_model.request_context import RequestContext
+    from trtllm_model.serving.poller import Poller
+    from trtllm_model.serving.request_context import RequestContext
 
     channel, sent, send_s = threading.Lock(), [0], args.send_ms / 1000.0
 

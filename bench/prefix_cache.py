@@ -26,10 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trtllm_model.detokenizer import chat_prompt_ids  # noqa: E402
 from trtllm_model.embedded.model_loading import load_model  # noqa: E402
 from trtllm_model.executor_interface import GenerationRequest  # noqa: E402
 from trtllm_model.executors.transformers_executor import TransformersExecutor  # noqa: E402
+from trtllm_model.pipeline.detokenizer import chat_prompt_ids  # noqa: E402
 
 TOPICS = ["harbour logistics", "a mountain railway", "a public library", "an orchard", "a bicycle workshop",
           "a weather station", "a ferry company", "a bakery cooperative", "a school choir", "a night market"]

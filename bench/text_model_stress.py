@@ -93,8 +93,8 @@ def main() -> None:
                                   models=("tensorrt_llm", args.model))
     if args.check_s is not None and args.model == "tensorrt_llm_bls":
         (repository / args.model / "1" / "model.py").write_text(
-            f"import trtllm_model.bls_forwarding as m\nm.CANCEL_CHECK_S = {args.check_s}\n"
-            "from trtllm_model.bls_model import TritonPythonModel  # noqa: E402,F401\n")
+            f"import trtllm_model.triton.bls_forwarding as m\nm.CANCEL_CHECK_S = {args.check_s}\n"
+            "from trtllm_model.triton.bls_model import TritonPythonModel  # noqa: E402,F401\n")
     server = start_server(args.workdir, executor="synthetic", repository=repository,
                           env={"PYTHONFAULTHANDLER": "1"})
     try:

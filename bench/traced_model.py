@@ -9,8 +9,8 @@ import json
 import os
 import time
 
-from trtllm_model import model as _model_module
-from trtllm_model.model import TritonPythonModel as _ProductModel
+from trtllm_model.triton import model as _model_module
+from trtllm_model.triton.model import TritonPythonModel as _ProductModel
 
 EVENTS: list[tuple[str, object, int]] = []
 

@@ -15,7 +15,7 @@ import timeit
 from trtllm_model.embedded.sampling import SamplingParams, SamplingState, banned_next_tokens
 from trtllm_model.embedded.sequence import Sequence
 from trtllm_model.executor_interface import GenerationRequest
-from trtllm_model.request_checks import MAX_WORD_LIST_TOKENS, MAX_WORDS
+from trtllm_model.pipeline.request_checks import MAX_WORD_LIST_TOKENS, MAX_WORDS
 
 VOCAB = 49152  # SmolLM2's
 PROMPT, OUTPUT = 100, 100

@@ -152,7 +152,7 @@ def start_server(
     http_port, grpc_port, metrics_port = free_ports(3)
     log_path = workdir / "server.log"
     command = [
-        sys.executable, "-m", "trtllm_model.cli", "serve",
+        sys.executable, "-m", "trtllm_model.launch.cli", "serve",
         f"--model-repository={repository}", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
         f"--metrics-port={metrics_port}", f"--ready-timeout={ready_timeout_s}",
     ]

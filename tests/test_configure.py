@@ -15,8 +15,8 @@ from test_e2e_nvidia_repository import PROMPT, text_request, three_models
 from triton_client import stream_once, token_inputs
 from trtllm_support import FAKES_DIR, fake_tokens, make_checkpoint_dir, make_engine_dir
 
-from trtllm_model.configure import DEFAULT_TEMPLATES, main, render
 from trtllm_model.embedded.model_loading import default_cache_dir, dequantised_checkpoint, embedded_gguf_path
+from trtllm_model.launch.configure import DEFAULT_TEMPLATES, main, render
 from trtllm_model.params import ConfigError, parameters_from_model_config
 from trtllm_model.server import DEFAULT_REPOSITORY
 
@@ -126,11 +126,11 @@ def test_main_refuses_a_non_empty_output_and_reports_errors(tmp_path, capsys):
 
 
 def test_module_help_and_the_cli_subcommand(tmp_path):
-    helped = subprocess.run([sys.executable, "-m", "trtllm_model.configure", "--help"], capture_output=True,
+    helped = subprocess.run([sys.executable, "-m", "trtllm_model.launch.configure", "--help"], capture_output=True,
                             text=True, timeout=60)
     assert helped.returncode == 0 and "--executor" in helped.stdout
     written = subprocess.run(
-        [sys.executable, "-m", "trtllm_model.cli", "configure", "--executor", "trtllm_llmapi", "--output",
+        [sys.executable, "-m", "trtllm_model.launch.cli", "configure", "--executor", "trtllm_llmapi", "--output",
          str(tmp_path / "repo"), "--set", "hf_model_path=/models/m", "--set", "tensor_parallel_size=2"],
         capture_output=True, text=True, timeout=60,
     )
@@ -216,8 +216,8 @@ def test_configured_repository_serves_nvidias_five_models(tmp_path):
 def test_serve_instances_writes_the_count_into_a_copy_and_refuses_less_than_one(tmp_path):
     """`trtllm-triton serve --instances N` (cli.repository_copy): the copy's tensorrt_llm has count N, the repository
     itself is untouched; 0 is a ConfigError (serve reports it as a usage error)."""
-    from trtllm_model.cli import repository_copy
-    from trtllm_model.configure import ConfigError
+    from trtllm_model.launch.cli import repository_copy
+    from trtllm_model.launch.configure import ConfigError
     from trtllm_model.server import DEFAULT_REPOSITORY
 
     original = (DEFAULT_REPOSITORY / "tensorrt_llm" / "config.pbtxt").read_text()

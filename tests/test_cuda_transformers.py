@@ -59,8 +59,8 @@ def cuda_server(tmp_path_factory, request):
 
 
 def test_greedy_batch_through_triton_equals_generate_on_the_same_gpu(cuda_server):
-    from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import load_model
+    from trtllm_model.pipeline.detokenizer import chat_prompt_ids
 
     near_tie, min_exact = TOLERANCE[cuda_server.dtype]
     loaded = load_model(device="cuda", dtype=cuda_server.dtype)
@@ -122,9 +122,9 @@ def test_cuda_graph_decode_gives_the_greedy_tokens_of_the_eager_decode():
     """cuda_graphs=true replays captured decode buckets; in float32 one request at a time (the same buckets in both
     runs) the tokens equal the eager engine's exactly; all in flight, the batches may form differently, so at least
     half the answers must be identical and every answer full length."""
-    from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import load_model
     from trtllm_model.executors.transformers_executor import TransformersExecutor
+    from trtllm_model.pipeline.detokenizer import chat_prompt_ids
 
     loaded = load_model(device="cuda", dtype="float32")
     prompts = [chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
@@ -151,10 +151,10 @@ def test_buckets_without_memory_for_a_graph_run_eagerly_with_the_same_tokens(mon
     """A bucket whose forward does not fit beside the KV pool is not captured (the engine would otherwise fail at
     load, as it did on the H200 beside a process holding most of the GPU): it runs eagerly, with the graphs'
     greedy tokens (float32, one request at a time)."""
-    from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.decode_graphs import DecodeGraphs
     from trtllm_model.embedded.model_loading import load_model
     from trtllm_model.executors.transformers_executor import TransformersExecutor
+    from trtllm_model.pipeline.detokenizer import chat_prompt_ids
 
     loaded = load_model(device="cuda", dtype="float32")
     prompts = [chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS[:3]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from trtllm_model.delivery_timing import DeliveryTiming, breakdown_line
+from trtllm_model.serving.delivery_timing import DeliveryTiming, breakdown_line
 
 
 def test_execute_calls_are_counted_with_wall_and_thread_cpu():

@@ -9,9 +9,14 @@ from hypothesis import strategies as st
 
 from trtllm_model.conventions.common import Limits
 from trtllm_model.conventions.inflight_batcher import parse_request
-from trtllm_model.detokenizer import MAX_WINDOW_TOKENS, IncrementalDetokenizer, chat_prompt_ids, chat_prompt_text
 from trtllm_model.embedded.model_loading import load_tokenizer
 from trtllm_model.openai_frontend.tokenization import chat_prompt_ids as openai_chat_prompt_ids
+from trtllm_model.pipeline.detokenizer import (
+    MAX_WINDOW_TOKENS,
+    IncrementalDetokenizer,
+    chat_prompt_ids,
+    chat_prompt_text,
+)
 
 PROMPTS = [
     "Héllo wörld, naïve café crème brûlée — Ångström",

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_version_names_the_installed_package():
-    result = subprocess.run([sys.executable, "-m", "trtllm_model.cli", "--version"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "trtllm_model.launch.cli", "--version"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"trtllm-triton {package_version()}"
@@ -71,7 +71,7 @@ def test_serve_set_reaches_the_model_and_a_bad_key_or_value_is_refused_before_th
         server.stop()
     for assignment, message in (("no_such_setting=1", "unknown parameter(s) in config.pbtxt: no_such_setting"),
                                 ("max_batch_size=x", "parameter max_batch_size='x': expected an integer")):
-        refused = subprocess.run([sys.executable, "-m", "trtllm_model.cli", "serve", "--set", assignment,
+        refused = subprocess.run([sys.executable, "-m", "trtllm_model.launch.cli", "serve", "--set", assignment,
                                   "--no-openai"], capture_output=True, text=True, timeout=180)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert refused.stderr.count(message) == 1, refused.stderr  # once, before anything started
@@ -95,7 +95,7 @@ def test_serve_model_serves_a_checkpoint_directory_and_refuses_another_architect
     other = tmp_path / "mixtral"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"architectures": ["MixtralForCausalLM"]}))
-    refused = subprocess.run([sys.executable, "-m", "trtllm_model.cli", "serve", "--model", str(other), "--no-openai"],
+    refused = subprocess.run([sys.executable, "-m", "trtllm_model.launch.cli", "serve", "--model", str(other), "--no-openai"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2
     assert refused.stderr.count("architecture MixtralForCausalLM is not one the embedded engine runs") == 1

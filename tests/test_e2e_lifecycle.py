@@ -29,7 +29,7 @@ def test_port_in_use_is_a_clear_error_not_a_hang(tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         completed = subprocess.run(
-            [sys.executable, "-m", "trtllm_model.cli", "serve", f"--http-port={port}", "--grpc-port=0", "--metrics-port=0"],
+            [sys.executable, "-m", "trtllm_model.launch.cli", "serve", f"--http-port={port}", "--grpc-port=0", "--metrics-port=0"],
             capture_output=True, text=True, timeout=30,
         )
     assert completed.returncode == 2

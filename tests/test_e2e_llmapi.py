@@ -263,7 +263,7 @@ def test_nvidia_model_yaml_and_config_load_over_the_fake(tmp_path):
 
 
 def test_configure_layout_llmapi_writes_a_repository_that_serves(tmp_path):
-    from trtllm_model.configure import main
+    from trtllm_model.launch.configure import main
 
     output = tmp_path / "models"
     assert main(["--layout", "llmapi", "--output", str(output), "--decoupled", "true",

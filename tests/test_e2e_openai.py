@@ -143,14 +143,50 @@ def test_stop_strings_end_the_text_before_the_stop(client):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-def test_logprobs_as_far_as_the_engine_gives_them(client):
+def test_logprobs_and_top_logprobs_as_the_engine_gives_them(client):
     reply = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=3, logprobs=True)
     entries = reply.choices[0].logprobs.content
     assert [e.token for e in entries] == list(expected_text(chat_ids(HI), 3))
     assert [e.logprob for e in entries] == [-0.5] * 3  # the synthetic engine's value
+    assert all(e.top_logprobs == [] for e in entries)
+    # The synthetic engine's alternatives: the token itself (-0.5), then the ids after it, each 1 less likely.
+    reply = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=3, logprobs=True,
+                                           top_logprobs=2)
+    expected = expected_text(chat_ids(HI), 4)
+    assert [[(t.token, t.logprob) for t in e.top_logprobs] for e in reply.choices[0].logprobs.content] == [
+        [(expected[i], -0.5), (expected[i + 1], -1.5)] for i in range(3)]
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=3, logprobs=True, top_logprobs=2)
-    assert refused.value.body["param"] == "top_logprobs"
+        client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=3, top_logprobs=2)
+    assert refused.value.body["param"] == "top_logprobs" and "logprobs=true" in refused.value.body["message"]
+
+
+def test_n_choices_each_with_its_index_usage_counting_the_prompt_once(client):
+    """n > 1: n sequences of the one prompt (the synthetic engine's are alike), choices indexed 0..n-1; usage counts
+    the prompt once and every choice's tokens."""
+    expected = expected_text(chat_ids(HI), 4)
+    reply = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=4, n=3, logprobs=True)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.message.content for c in reply.choices] == [expected] * 3
+    assert all(len(c.logprobs.content) == 4 and c.finish_reason == "length" for c in reply.choices)
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(chat_ids(HI)), 12)
+
+    stream = client.chat.completions.create(model="tensorrt_llm", messages=HI, max_tokens=4, n=3, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert [c.choices[0].delta.role for c in chunks[:3]] == ["assistant"] * 3  # a role chunk per choice first
+    assert sorted(c.choices[0].index for c in chunks[:3]) == [0, 1, 2]
+    for index in range(3):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        assert "".join(c.delta.content or "" for c in mine) == expected
+        assert [c.finish_reason for c in mine if c.finish_reason] == ["length"] and mine[-1].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+    completion = client.completions.create(model="tensorrt_llm", prompt="abc", max_tokens=3, n=2, best_of=2,
+                                           stream=True)
+    texts = {0: "", 1: ""}
+    for chunk in completion:
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert texts == {0: "def", 1: "def"}
 
 
 def test_invalid_parameters_are_400_naming_the_parameter(client, served):
@@ -167,9 +203,9 @@ def test_invalid_parameters_are_400_naming_the_parameter(client, served):
                                        "max_output_len)", "type": "invalid_request_error", "param": "max_tokens",
                                        "code": "invalid_value"}
 
-    with pytest.raises(openai.BadRequestError) as several:
-        client.chat.completions.create(model="tensorrt_llm", messages=HI, n=2)
-    assert several.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as several:  # over the model's max_batch_size (8 here)
+        client.chat.completions.create(model="tensorrt_llm", messages=HI, n=9)
+    assert several.value.body["param"] == "n" and "max_batch_size" in several.value.body["message"]
 
     base_url = served[1]
     for body in (b'{"model": "tensorrt_llm", "messages": [', b"[1, 2]", b"\xff\xfe", b""):
@@ -295,7 +331,10 @@ def frontend_metrics(base_url: str):
 
 
 def refused(base_url: str, status: int, reason: str) -> float:
-    return frontend_metrics(base_url).value("trtllm_openai_requests_refused_total", status=str(status), reason=reason)
+    """The count of refusals by status and reason (0 before the first: no series yet)."""
+    found = frontend_metrics(base_url).find("trtllm_openai_requests_refused_total", status=str(status), reason=reason)
+    assert len(found) <= 1, found
+    return sum(found.values())
 
 
 def test_unknown_routes_are_404_in_openais_error_shape(served):
@@ -336,7 +375,7 @@ def test_a_log_line_and_a_count_per_request(client, served):
     client.chat.completions.create(model="tensorrt_llm", messages=[{"role": "user", "content": "log me"}],
                                    max_tokens=3)
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="tensorrt_llm", messages=HI, n=2)
+        client.completions.create(model="tensorrt_llm", prompt="Hi", max_tokens=3, best_of=3)
     prompt_tokens = len(chat_ids([{"role": "user", "content": "log me"}]))
     deadline = time.monotonic() + 5
     pattern = re.compile(rf"openai-access: POST /v1/chat/completions 200 prompt_tokens={prompt_tokens} "
@@ -344,7 +383,7 @@ def test_a_log_line_and_a_count_per_request(client, served):
     while not pattern.search(server.log()):
         assert time.monotonic() < deadline, server.log()[-3000:]
         time.sleep(0.1)
-    assert "openai-access: POST /v1/chat/completions 400 unsupported_value" in server.log()
+    assert "openai-access: POST /v1/completions 400 unsupported_value" in server.log()
     assert refused(base_url, 400, "unsupported_value") == before + 1
     assert frontend_metrics(base_url).value("trtllm_openai_requests_total", status="200") >= 1
 
@@ -392,7 +431,7 @@ def frontend_alone(*args: str, admin_key: str = "", output: list[str] | None = N
     """`trtllm-triton openai ARGS` on a free port, once it answers; yields its base URL (http://...:PORT).
     `admin_key`: the server's, for the repository index it lists the models with; `output` gets what it printed."""
     (port,) = free_ports(1)
-    process = subprocess.Popen([sys.executable, "-m", "trtllm_model.cli", "openai", f"--port={port}", *args],
+    process = subprocess.Popen([sys.executable, "-m", "trtllm_model.launch.cli", "openai", f"--port={port}", *args],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env={**os.environ, ADMIN_KEY_ENV: admin_key})
     base = f"http://127.0.0.1:{port}"

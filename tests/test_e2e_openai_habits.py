@@ -53,6 +53,23 @@ def test_version_names_the_project_triton_and_the_engine(served):
                                    "version": transformers.__version__}}
 
 
+def test_n_choices_in_both_layouts(client):
+    """n > 1 in either layout: n requests of the one prompt, indexed 0..n-1; greedy, they are alike."""
+    answer = client.chat.completions.create(model=NAME, messages=FRANCE, max_tokens=8, temperature=0, n=2)
+    assert [c.index for c in answer.choices] == [0, 1]
+    assert answer.choices[0].message.content == answer.choices[1].message.content
+    single = client.chat.completions.create(model=NAME, messages=FRANCE, max_tokens=8, temperature=0)
+    assert single.choices[0].message.content == answer.choices[0].message.content
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (single.usage.prompt_tokens,
+                                                                           2 * single.usage.completion_tokens)
+    stream = client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=6, temperature=0,
+                                       n=2, stream=True)
+    texts = {0: "", 1: ""}
+    for chunk in stream:
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert texts[0] == texts[1] and texts[0]
+
+
 def test_errors_name_the_api_parameters_the_same_way_in_both_layouts(client, served):
     too_long = [{"role": "user", "content": "Paris " * 10000}]
     with pytest.raises(openai.BadRequestError) as refused:

@@ -81,10 +81,13 @@ def test_completions_and_stop_strings(client):
 
 def test_what_the_llmapi_inputs_cannot_carry_is_a_400_naming_it(client):
     for extra, param in (({"logprobs": True}, "logprobs"), ({"extra_body": {"min_tokens": 3}}, "min_tokens"),
-                         ({"response_format": {"type": "json_object"}}, "response_format")):
+                         ({"response_format": {"type": "json_object"}}, "response_format"),
+                         ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 2}, "top_logprobs")):
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=4, **extra)
         assert refused.value.body["param"] == param and refused.value.body["type"] == "invalid_request_error"
+        if "logprobs" in param:  # the layout is named, never "use logprobs=true" for what it refuses anyway
+            assert "LLM API" in refused.value.body["message"] and "logprobs=true" not in refused.value.body["message"]
 
 
 def test_without_max_tokens_the_answer_runs_to_its_end(client):

@@ -5,11 +5,13 @@ the tokenizer, multi-turn chat through the model's chat template, stop strings a
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import openai
 import pytest
 from openai import OpenAI
+from prometheus_text import scrape
 from triton_client import stream_once, token_inputs
 
 from trtllm_model.embedded.model_loading import load_tokenizer
@@ -163,3 +165,91 @@ def test_parallel_tool_calls_true_with_a_required_call_returns_each_call(client)
     assert choice.finish_reason == "tool_calls", choice.message.content
     assert choice.message.tool_calls and all(c.function.name == "get_weather" for c in choice.message.tool_calls)
     assert all(set(json.loads(c.function.arguments)) == {"city"} for c in choice.message.tool_calls)
+
+
+def reused_blocks(server) -> float:
+    """The engine's prefix-cache hits since start, in KV blocks (refreshed every stats period; no series before the
+    engine's first iteration)."""
+    found = scrape(server.metrics_url).find("nv_trt_llm_kv_cache_block_metrics", model="tensorrt_llm",
+                                            kv_cache_block_type="reused")
+    return sum(found.values())
+
+
+def test_n_samples_share_the_prompts_cached_blocks(client, served, tokenizer):
+    """n > 1: n sequences sampled from one prompt, each seeded from the request's seed (seed + index), so they differ;
+    the prompt is prefilled once: the other choices find its full KV blocks cached (the engine's reused-block count
+    grows by n - 1 times the prompt's full blocks)."""
+    server = served[0]
+    messages = [{"role": "system", "content": "You write one line of a poem about the sea, nothing more. " * 5},
+                {"role": "user", "content": "A line, please."}]
+    prompt_tokens = len(template_ids(tokenizer, messages))
+    full_blocks = prompt_tokens // 16
+    before = reused_blocks(server)
+    reply = client.chat.completions.create(model="tensorrt_llm", messages=messages, max_tokens=12, n=4,
+                                           temperature=1.0, seed=11, logprobs=True)
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    texts = [c.message.content for c in reply.choices]
+    assert len(set(texts)) > 1, texts
+    assert reply.usage.prompt_tokens == prompt_tokens
+    assert reply.usage.completion_tokens == sum(len(c.logprobs.content) for c in reply.choices)
+    deadline = time.monotonic() + 5
+    while reused_blocks(server) - before < 3 * full_blocks:
+        assert time.monotonic() < deadline, (reused_blocks(server) - before, full_blocks)
+        time.sleep(0.1)
+
+    stream = client.chat.completions.create(model="tensorrt_llm", messages=messages, max_tokens=12, n=4,
+                                            temperature=1.0, seed=11, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert sorted(c.choices[0].index for c in chunks[:4]) == [0, 1, 2, 3]  # a role chunk per choice first
+    finished = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
+    assert finished == [0, 1, 2, 3] and chunks[-1].usage.prompt_tokens == prompt_tokens
+    streamed = ["", "", "", ""]
+    for chunk in chunks[:-1]:
+        streamed[chunk.choices[0].index] += chunk.choices[0].delta.content or ""
+    assert all(streamed) and len(set(streamed)) > 1
+
+
+def test_top_logprobs_hold_the_sampled_token_with_its_logprob(client):
+    """top_logprobs (up to 20) from the engine's own distribution: each entry has that many alternatives, likeliest
+    first, and the sampled token's log prob is its entry's; greedy, the likeliest is the token itself."""
+    greedy = client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=8, logprobs=True,
+                                            top_logprobs=5, **GREEDY)
+    entries = greedy.choices[0].logprobs.content
+    assert len(entries) == greedy.usage.completion_tokens
+    for entry in entries:
+        assert len(entry.top_logprobs) == 5
+        values = [t.logprob for t in entry.top_logprobs]
+        assert values == sorted(values, reverse=True) and all(v <= 0.0 for v in values)
+        assert (entry.top_logprobs[0].token, entry.top_logprobs[0].logprob) == (entry.token, entry.logprob)
+    stream = client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=8, logprobs=True,
+                                            top_logprobs=5, stream=True, **GREEDY)
+    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, [t.token for t in e.top_logprobs]) for e in streamed] == [
+        (e.token, [t.token for t in e.top_logprobs]) for e in entries]
+
+    sampled = client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=16, logprobs=True,
+                                             top_logprobs=20, temperature=0.7, seed=5)
+    found = 0
+    for entry in sampled.choices[0].logprobs.content:
+        assert len(entry.top_logprobs) == 20
+        same = [t.logprob for t in entry.top_logprobs if t.token == entry.token]
+        if same:
+            assert entry.logprob in same
+            found += 1
+        else:  # drawn from beyond the 20 likeliest: less likely than each of them
+            assert entry.logprob <= entry.top_logprobs[-1].logprob
+    assert found >= 8, found  # at temperature 0.7 the sampled token is nearly always among the 20 likeliest
+
+    completion = client.completions.create(model="tensorrt_llm", prompt="The capital of France is", max_tokens=4,
+                                           logprobs=3, **GREEDY)
+    logprobs = completion.choices[0].logprobs
+    assert len(logprobs.top_logprobs) == len(logprobs.tokens) == 4
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert len(top) == 3 and top[token] == value
+
+
+def test_top_logprobs_over_20_is_a_400(client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tensorrt_llm", messages=FRANCE, max_tokens=2, logprobs=True,
+                                       top_logprobs=21)
+    assert refused.value.body["param"] == "top_logprobs"

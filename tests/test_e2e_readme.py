@@ -19,7 +19,7 @@ import pytest
 from conftest import Server
 from openai_server import start_openai_server
 
-from trtllm_model.cli import LLMAPI_REPOSITORY
+from trtllm_model.launch.cli import LLMAPI_REPOSITORY
 from trtllm_model.server import DEFAULT_REPOSITORY
 
 pytestmark = pytest.mark.e2e

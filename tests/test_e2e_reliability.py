@@ -114,8 +114,8 @@ def test_cancelling_bls_streams_frees_the_executor(server):
 
 
 def test_an_ensemble_stream_is_stopped_by_its_own_request_id(server):
-    # Triton 2.51's ensemble checks for cancellation only between steps, so a client's cancellation never reaches the
-    # running tensorrt_llm request (as with NVIDIA's ensemble). It passes the client's request id on, so a `stop`
+    # Triton's ensemble passes a cancellation only to steps it starts later, so a client's cancellation never reaches
+    # the running tensorrt_llm request (as with NVIDIA's ensemble). It passes the client's request id on, so a `stop`
     # with that id (NVIDIA's way) ends the generation.
     clients, results = fill_slots(server, model="ensemble")
     stopper = StreamClient(server.grpc_url)
@@ -131,6 +131,48 @@ def test_an_ensemble_stream_is_stopped_by_its_own_request_id(server):
         stopper.close()
         for client in clients:
             client.close()
+
+
+def finished_by_reason(server) -> dict[str, float]:
+    found = scrape(server.metrics_url).find("nv_llm_requests_finished_total", model="tensorrt_llm")
+    return {dict(key)["finish_reason"]: value for key, value in found.items()}
+
+
+def test_a_cancelled_ensemble_batch_runs_on_within_the_row_gate_and_a_one_row_client_is_served_as_alone(server):
+    # Triton 2.51 passes an ensemble's cancellation only to a step it starts after it (ScheduleSteps in
+    # ensemble_scheduler.cc); `ensemble` has one step, started before, so tensorrt_llm never hears it: the rows run
+    # to their max_tokens. What they still cost is bounded by the row gate: at most max_batched_rows_in_flight (2 of
+    # the 4 slots) at once, so they end within ceil(rows / 2) x max_tokens steps, and a one-row client keeps the
+    # other slots (its first token as fast as alone, within 2x).
+    rows, max_tokens, share = 8, 100, SLOTS // 2
+    alone = sorted(first_token_delay(server) for _ in range(5))[2]
+    before = finished_by_reason(server)
+    tokens_before = scrape(server.metrics_url).value("nv_llm_generation_tokens_total", model="tensorrt_llm")
+    client = StreamClient(server.grpc_url)
+    result = client.send("ensemble", [tensor("text_input", [[f"row {i}".encode()] for i in range(rows)], np.object_),
+                                      tensor("max_tokens", [[max_tokens]] * rows, np.int32),
+                                      tensor("stream", [[True]] * rows, np.bool_)], "abandoned")
+    wait_until_streaming([result], 10)
+    client.cancel()
+    cancelled = time.monotonic()
+    client.close()
+    beside = sorted(first_token_delay(server) for _ in range(5))[2]
+    finals = rows + 5  # the rows and the five one-token probes beside them
+    bound_s = -(-rows // share) * max_tokens * STEP_MS / 1000
+    peak, ended = 0.0, {}
+    while sum(ended.values()) < finals:
+        assert time.monotonic() - cancelled < 2 * bound_s + 3, f"rows still running past the bound: {ended}"
+        found = scrape(server.metrics_url).find("nv_trt_llm_request_metrics", request_type="active", model="tensorrt_llm")
+        peak = max(peak, *found.values(), 0.0)
+        ended = {reason: n - before.get(reason, 0) for reason, n in finished_by_reason(server).items()}
+        time.sleep(0.05)
+    tokens = scrape(server.metrics_url).value("nv_llm_generation_tokens_total", model="tensorrt_llm") - tokens_before - 5
+    assert beside <= 2 * alone + 0.02, f"a one-row client's first token in {beside:.3f} s beside, {alone:.3f} s alone"
+    assert 0 < peak <= share, f"the engine ran {peak} rows of the cancelled batch at once (the gate's share: {share})"
+    assert tokens <= rows * max_tokens
+    # The documented limit (docs/reliability.md): if Triton ever passes the cancellation on, this fails; say so there.
+    assert ended.get("cancelled", 0) == 0 and ended.get("length") == finals, ended
+    assert_nothing_held(server)
 
 
 def test_cancelling_one_stream_leaves_the_others_running(server):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -13,7 +14,7 @@ from conftest import start_server
 from triton_client import StreamClient, as_inputs, model_error, stream_once, tensor, text_inputs, token_inputs
 from tritonclient.utils import InferenceServerException
 
-from trtllm_model.request_checks import MAX_WORDS
+from trtllm_model.pipeline.request_checks import MAX_WORDS
 
 pytestmark = pytest.mark.e2e
 
@@ -152,8 +153,8 @@ def test_a_batchs_prompts_are_tokenized_together_and_a_bad_one_fails_alone(tmp_p
     prompts are tokenized in one call (conventions/parsing.py). Each good one is answered with its own prompt's token
     count; an empty prompt, one over max_input_len once tokenized, and one that is not UTF-8 each get their own
     INVALID_ARG."""
-    from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import load_tokenizer
+    from trtllm_model.pipeline.detokenizer import chat_prompt_ids
 
     server = start_server(tmp_path, executor="transformers", models=("tensorrt_llm",),
                           config_edits={"max_queue_delay_microseconds: 0": "max_queue_delay_microseconds: 2000000"},
@@ -167,15 +168,16 @@ def test_a_batchs_prompts_are_tokenized_together_and_a_bad_one_fails_alone(tmp_p
         "bytes": [*text_inputs("x", 2)[1:], grpcclient.InferInput("text_input", [1, 1], "BYTES")],
     }
     requests["bytes"][-1].set_data_from_numpy(np.array([[b"\xff\xfe not UTF-8"]], np.object_))
-    clients = [StreamClient(server.grpc_url) for _ in requests]
+    # One stream, connected before the first send: its requests reach Triton's queue within milliseconds of each
+    # other however slow the machine (five streams connecting on a loaded CI machine once missed the queue delay).
+    client = StreamClient(server.grpc_url)
     try:
-        results = {name: client.send("tensorrt_llm", inputs, name)
-                   for client, (name, inputs) in zip(clients, requests.items(), strict=True)}
+        grpc.channel_ready_future(client.channel).result(timeout=60)
+        results = {name: client.send("tensorrt_llm", inputs, name) for name, inputs in requests.items()}
         for result in results.values():
             result.wait(300)
     finally:
-        for client in clients:
-            client.close()
+        client.close()
         server.stop()
     tokenizer = load_tokenizer()
     expected = {"chat": len(chat_prompt_ids(tokenizer, [{"role": "user", "content": "What is the capital of France?"}])),

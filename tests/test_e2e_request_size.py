@@ -1,5 +1,5 @@
 """Requests too large or too deep for tritonserver's HTTP parser, against a real server started by `serve`: each is
-refused with a clear error before Triton reads it (trtllm_model/http_guard.py), on every HTTP endpoint, the metrics
+refused with a clear error before Triton reads it (trtllm_model/launch/http_guard.py), on every HTTP endpoint, the metrics
 port and gRPC, and the server keeps serving. Without the guard the first 5 MB body sent as curl sends it
 (application/x-www-form-urlencoded) ended tritonserver with SIGSEGV, and so did a 300 KB body of `[`."""
 
@@ -15,7 +15,7 @@ import pytest
 import tritonclient.http as httpclient
 from triton_client import StreamClient, model_error, stream_once, tensor, text_inputs
 
-from trtllm_model.http_guard import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_JSON_DEPTH
+from trtllm_model.launch.http_guard import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_JSON_DEPTH
 
 pytestmark = pytest.mark.e2e
 

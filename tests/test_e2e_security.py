@@ -209,6 +209,6 @@ def test_serve_stops_through_the_restricted_api(tmp_path):
 
 
 def test_an_unusable_operator_key_stops_serve_with_a_message():
-    done = subprocess.run([sys.executable, "-m", "trtllm_model.cli", "serve", "--no-openai"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "trtllm_model.launch.cli", "serve", "--no-openai"], capture_output=True,
                           text=True, timeout=60, env={**os.environ, ADMIN_KEY_ENV: "short:key"})
     assert done.returncode == 2 and f"{ADMIN_KEY_ENV} must be at least 16 characters" in done.stderr

@@ -146,7 +146,7 @@ def test_a_stop_after_cancellations_over_the_llm_api_is_bounded(tmp_path, stream
     from triton_client import tensor
     from trtllm_support import make_checkpoint_dir
 
-    from trtllm_model.cli import EXIT_KILL_MARGIN_S, UNLOAD_SETTLE_S
+    from trtllm_model.launch.cli import EXIT_KILL_MARGIN_S, UNLOAD_SETTLE_S
     from trtllm_model.server import EXIT_TIMEOUT_S
 
     checkpoint = make_checkpoint_dir(tmp_path / "checkpoint")

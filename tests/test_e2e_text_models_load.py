@@ -2,7 +2,7 @@
 synthetic executor. Every request ends with exactly one final response, no stream stalls, and every stub survives.
 
 `ensemble` was a Python BLS relay until 2026-12-03; under this load Triton 2.51's stub first crashed (fixed by
-IteratorKeeper, trtllm_model/bls_forwarding.py), then deadlocked in its BLS iterators now and then (all streams
+IteratorKeeper, trtllm_model/triton/bls_forwarding.py), then deadlocked in its BLS iterators now and then (all streams
 stalled, both stubs alive: docs/reliability.md). As a Triton ensemble it has no stub of its own.
 
 `tensorrt_llm_bls` still relays through BLS: before IteratorKeeper this load killed its stub within seconds in most
@@ -89,9 +89,9 @@ def test_48_streams_of_short_requests_for_20_s_each_end_with_one_final_and_every
                                   models=("tensorrt_llm", model))
     if model == "tensorrt_llm_bls":
         (repository / model / "1" / "model.py").write_text(
-            "import trtllm_model.bls_forwarding as bls_forwarding\n"
+            "import trtllm_model.triton.bls_forwarding as bls_forwarding\n"
             f"bls_forwarding.CANCEL_CHECK_S = {CANCEL_CHECK_S}\n"
-            "from trtllm_model.bls_model import TritonPythonModel  # noqa: E402,F401\n"
+            "from trtllm_model.triton.bls_model import TritonPythonModel  # noqa: E402,F401\n"
         )
     server = start_server(tmp_path, repository=repository)
     try:

@@ -94,8 +94,8 @@ def test_the_default_dtype_serves_greedy_answers_of_generate_in_that_dtype_up_to
     """With no `dtype` parameter the CPU serves bfloat16 where the CPU has bfloat16 dot products (this project's
     machines do), else float32. The served greedy answers are transformers' `generate` in that dtype, or part from it
     only where its two tokens' logits are within 0.5: rounding, not a different model."""
-    from trtllm_model.detokenizer import chat_prompt_ids
     from trtllm_model.embedded.model_loading import default_dtype, load_model
+    from trtllm_model.pipeline.detokenizer import chat_prompt_ids
 
     loaded = load_model(dtype=default_dtype("cpu"))
     for question in ["What is the capital of France?", "Write a haiku about the sea.", "Why is the sky blue?"]:

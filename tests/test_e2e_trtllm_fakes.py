@@ -218,3 +218,17 @@ def test_llmapi_limits_refuse_before_enqueue(llmapi_server):
         {"sequence": "request_output_len=3997: with the prompt's 100 tokens that is 4097, over max_seq_len=4096",
          "beams": "beam_width=2: over max_beam_width=1"},
     )
+
+
+def test_top_log_probs_from_the_llm_api_and_refused_by_the_executor_api(llmapi_server, engine_server):
+    """num_top_log_probs: the LLM API returns the likeliest tokens (SamplingParams.logprobs=N; the fake's: the
+    sampled token first, then the ids after it); TensorRT-LLM's executor API has none: UNSUPPORTED, naming it."""
+    result = stream_once(llmapi_server.grpc_url, "tensorrt_llm", token_inputs(
+        [1000, 2000], 3, num_top_log_probs=(3, np.int32), return_log_probs=(True, np.bool_)))
+    assert result.errors == []
+    tokens = fake_tokens([2000], 3)
+    ids = np.concatenate([r.as_numpy("output_top_log_prob_ids") for r in result.responses if r.as_numpy(
+        "output_top_log_prob_ids") is not None], axis=2)
+    assert ids.shape == (1, 1, 3, 3) and ids[0, 0].tolist() == [[t, t + 1, t + 2] for t in tokens]
+    refused = stream_once(engine_server.grpc_url, "tensorrt_llm", token_inputs([5], 2, num_top_log_probs=(3, np.int32)))
+    assert refused.finals == 1 and any("num_top_log_probs" in e and "UNSUPPORTED" in e for e in refused.errors)

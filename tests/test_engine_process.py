@@ -197,9 +197,10 @@ def test_a_step_batch_is_a_few_columns_whatever_the_number_of_requests():
     steps = [Step(i, [i % 7, i], log_probs=[-0.5, -float(i)] if i % 2 else None, cum_log_prob=-float(i) if i % 2
                   else None) for i in range(256)]
     steps[100] = Step(100, is_final=True, finish_reason=FinishReason.ERROR, error="request failed: no")
+    steps[200].top_log_probs = [[(200, -0.1), (3, -2.5)], [(7, -0.2), (200, -1.0)]]  # top_logprobs asked
     packed = pack_steps(steps)
     assert packed.token_ids == [step.token_ids for step in steps] and packed.request_ids == list(range(256))
-    assert [index for index, _ in packed.extras] == [100]
+    assert [index for index, _ in packed.extras] == [100, 200]
     assert unpack_steps(decode(encode(("steps", packed)))[1]) == steps
     plain = [Step(i, [i]) for i in range(3)]
     assert pack_steps(plain).log_probs is None and pack_steps(plain).cum_log_probs is None

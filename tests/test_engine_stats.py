@@ -11,7 +11,7 @@ from trtllm_model.embedded.model_loading import load_model
 from trtllm_model.embedded.runner import ModelRunner
 from trtllm_model.executor_interface import GenerationRequest
 from trtllm_model.executors.transformers_executor import TransformersExecutor
-from trtllm_model.metrics import MEMORY_FAMILY, gauge_values
+from trtllm_model.serving.metrics import MEMORY_FAMILY, gauge_values
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The HTTP guard's reading of a request (trtllm_model/http_guard.py), without a server: framing Triton could read
+"""The HTTP guard's reading of a request (trtllm_model/launch/http_guard.py), without a server: framing Triton could read
 differently is refused, nesting is counted outside strings only. tests/test_e2e_request_size.py runs it in front of
 a real tritonserver."""
 
@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from trtllm_model.http_guard import MAX_BODY_BYTES, Refusal, check_body, nested_deeper_than, parse_head
+from trtllm_model.launch.http_guard import MAX_BODY_BYTES, Refusal, check_body, nested_deeper_than, parse_head
 
 
 def head(*lines: str) -> bytes:

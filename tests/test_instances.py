@@ -1,5 +1,5 @@
 """NVIDIA's `gpu_device_ids` over Triton's instance_group: which instance this is, which GPUs it gets, and how each
-executor is pinned to them (trtllm_model/instances.py)."""
+executor is pinned to them (trtllm_model/triton/instances.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import re
 
 import pytest
 
-from trtllm_model import instances
-from trtllm_model.configure import DEFAULT_TEMPLATES, render_models
-from trtllm_model.configure import main as configure
-from trtllm_model.instances import Instance, instance_of, parse_gpu_device_ids, pinned_parameters
-from trtllm_model.metrics import MetricsReporter
+from trtllm_model.launch.configure import DEFAULT_TEMPLATES, render_models
+from trtllm_model.launch.configure import main as configure
 from trtllm_model.params import ConfigError, parameters_from_model_config
+from trtllm_model.serving.metrics import MetricsReporter
+from trtllm_model.triton import instances
+from trtllm_model.triton.instances import Instance, instance_of, parse_gpu_device_ids, pinned_parameters
 
 
 def _config(*groups: dict) -> dict:
@@ -231,7 +231,7 @@ def test_default_instance_count_follows_device_and_cores(executor, device, engin
 
 
 def test_serve_chooses_four_instances_for_the_embedded_engine_on_cuda_and_says_so(monkeypatch, capsys):
-    from trtllm_model import cli
+    from trtllm_model.launch import cli
     from trtllm_model.server import DEFAULT_REPOSITORY
 
     monkeypatch.setattr(instances, "usable_cores", lambda: 16)
@@ -248,8 +248,8 @@ def test_serve_chooses_four_instances_for_the_embedded_engine_on_cuda_and_says_s
 def test_serve_keeps_an_instance_count_the_repository_sets(monkeypatch, tmp_path):
     import shutil
 
-    from trtllm_model import cli
-    from trtllm_model.configure import with_instances
+    from trtllm_model.launch import cli
+    from trtllm_model.launch.configure import with_instances
     from trtllm_model.server import DEFAULT_REPOSITORY
 
     monkeypatch.setattr(instances, "usable_cores", lambda: 16)

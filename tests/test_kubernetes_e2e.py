@@ -60,7 +60,7 @@ class Replica:
 
 
 def serve_has(flag: str) -> bool:
-    done = subprocess.run([sys.executable, "-m", "trtllm_model.cli", "serve", "--help"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "trtllm_model.launch.cli", "serve", "--help"], capture_output=True, text=True)
     return flag in done.stdout
 
 
@@ -79,7 +79,7 @@ def cpu_command_line(ports: dict[int, int]) -> tuple[list[str], dict[str, int]]:
             mapped[names[port]] = ports[port]
             arg = f"{match.group(1)}={ports[port]}"
         args.append(arg)
-    return [sys.executable, "-m", "trtllm_model.cli", "serve", *args], mapped
+    return [sys.executable, "-m", "trtllm_model.launch.cli", "serve", *args], mapped
 
 
 @pytest.fixture(scope="module")

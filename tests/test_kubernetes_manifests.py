@@ -26,7 +26,7 @@ import yaml
 from test_launch_trtllm import SCRIPT as LAUNCH_SCRIPT
 from test_launch_trtllm import launch, make_stand_ins
 
-from trtllm_model import cli
+from trtllm_model.launch import cli
 from trtllm_model.server import (
     ADMIN_HEADER,
     ADMIN_KEY_ENV,

@@ -1,6 +1,8 @@
-"""deploy/launch_trtllm.sh: configures the repository, then runs one tritonserver or one per MPI rank.
+"""deploy/launch_trtllm.sh: configures the repository, then runs one tritonserver or one per MPI rank, behind the
+HTTP guard.
 
-tritonserver and mpirun are stand-ins here that print their arguments, so the command lines are checked exactly.
+tritonserver and mpirun are stand-ins here that print their arguments, so the command lines are checked exactly; the
+guard is the real one (tests/test_e2e_launch_trtllm.py runs the launcher against a real tritonserver).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_model.server import ADMIN_HEADER, RESTRICTED_PROTOCOLS
+from trtllm_model.server import ADMIN_HEADER, RESTRICTED_PROTOCOLS, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "deploy" / "launch_trtllm.sh"
@@ -38,14 +41,21 @@ def stand_ins(tmp_path):
     return make_stand_ins(tmp_path)
 
 
+def environment(tmp_path: Path, bin_dir: Path, **env: str) -> dict[str, str]:
+    """The launcher's environment: the stand-ins first on PATH, its paths under tmp_path, and free public ports (the
+    guard takes them for real)."""
+    http_port, metrics_port = free_ports(2)
+    return {
+        **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, "PTH_DIR": str(tmp_path),
+        "TRTLLM_TRITON_ROOT": str(ROOT), "MODEL_REPOSITORY": str(tmp_path / "repo"), "HTTP_PORT": str(http_port),
+        "METRICS_PORT": str(metrics_port), **env,
+    }
+
+
 def launch(tmp_path: Path, bin_dir: Path, command: list[str] | None = None, **env: str) -> subprocess.CompletedProcess:
     """SCRIPT (or `command`) with the stand-ins first on PATH and its paths moved under tmp_path."""
-    environment = {
-        **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, "PTH_DIR": str(tmp_path),
-        "TRTLLM_TRITON_ROOT": str(ROOT), "MODEL_REPOSITORY": str(tmp_path / "repo"), **env,
-    }
-    return subprocess.run(command or ["bash", str(SCRIPT)], env=environment, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(command or ["bash", str(SCRIPT)], env=environment(tmp_path, bin_dir, **env),
+                          capture_output=True, text=True, timeout=60)
 
 
 def test_single_engine_server_gets_a_configured_repository(tmp_path, stand_ins):
@@ -56,7 +66,11 @@ def test_single_engine_server_gets_a_configured_repository(tmp_path, stand_ins):
     assert 'string_value: "/engines/llama"' in config and 'string_value: "2"' in config
     command = done.stdout.strip().splitlines()[-1].split()
     assert command[0] == "tritonserver" and f"--model-repository={tmp_path / 'repo'}" in command
-    assert "--http-port=8000" in command and "--load-model=*" in command
+    assert "--grpc-port=8001" in command and "--load-model=*" in command
+    # HTTP and metrics on loopback ports: the guard takes 8000 and 8002.
+    assert "--http-address=127.0.0.1" in command and "--metrics-address=127.0.0.1" in command
+    ports = dict(arg.split("=", 1) for arg in command if arg.startswith(("--http-port=", "--metrics-port=")))
+    assert ports["--http-port"] not in ("8000", "8002") and ports["--metrics-port"] not in ("8000", "8002")
 
 
 def test_world_size_two_runs_one_server_per_rank_and_only_rank_0_serves(tmp_path, stand_ins):
@@ -66,6 +80,7 @@ def test_world_size_two_runs_one_server_per_rank_and_only_rank_0_serves(tmp_path
     assert command.startswith("mpirun --allow-run-as-root -n 1 tritonserver")
     rank0, rank1 = command.split(" : ")
     assert "--grpc-port=8001" in rank0 and "shm-region-prefix-name=rank0_" in rank0
+    assert "--http-address=127.0.0.1" in rank0 and "--metrics-address=127.0.0.1" in rank0
     assert "--allow-grpc=false" in rank1 and "--load-model=tensorrt_llm" in rank1 and "rank1_" in rank1
 
 
@@ -125,21 +140,21 @@ def test_an_unusable_operator_key_stops_the_start(tmp_path, stand_ins):
     assert "tritonserver" not in failed.stdout
 
 
-def test_a_server_that_ignores_the_stop_is_killed_after_its_exit_timeout(tmp_path):
+@pytest.mark.parametrize("server_name", ["tritonserver", "mpirun"])
+def test_a_server_that_ignores_the_stop_is_killed_after_its_exit_timeout(tmp_path, server_name):
     # tritonserver 2.51 never exits after SIGTERM while a client's gRPC stream is open (issue 31 item 13): the script
-    # passes the stop on, then kills the server and its children EXIT_TIMEOUT_SECS + 5 s later.
+    # passes the stop on, then kills the server (or mpirun, WORLD_SIZE > 1) and its children EXIT_TIMEOUT_SECS + 5 s
+    # later; then the guard goes too.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     pids = tmp_path / "pids"
-    (bin_dir / "tritonserver").write_text(
+    (bin_dir / server_name).write_text(
         f"#!/bin/bash\ntrap 'echo got-term >> {tmp_path}/log' TERM\nsleep 300 &\n"
         f"echo \"$$ $!\" > {pids}\nwhile true; do wait; done\n")
-    (bin_dir / "tritonserver").chmod(0o755)
-    environment = {
-        **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, "PTH_DIR": str(tmp_path),
-        "TRTLLM_TRITON_ROOT": str(ROOT), "MODEL_REPOSITORY": str(tmp_path / "repo"), "EXIT_TIMEOUT_SECS": "1",
-    }
-    script = subprocess.Popen(["bash", str(SCRIPT)], env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    (bin_dir / server_name).chmod(0o755)
+    env = environment(tmp_path, bin_dir, EXIT_TIMEOUT_SECS="1", WORLD_SIZE="2" if server_name == "mpirun" else "1")
+    script = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while not pids.exists() or not pids.read_text().strip():
@@ -157,8 +172,89 @@ def test_a_server_that_ignores_the_stop_is_killed_after_its_exit_timeout(tmp_pat
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert not _alive(pid), pid
+        assert_session_ends(script.pid)
     finally:
-        script.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
+
+
+def assert_session_ends(session: int, timeout_s: float = 10.0) -> None:
+    """No process of `session` (the launcher's: every process it started) outlives it for long."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _session_members(session)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left
+
+
+def _session_members(session: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def sleeping_server(tmp_path: Path) -> Path:
+    """A bin directory whose tritonserver waits until it is stopped."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tritonserver").write_text("#!/bin/sh\nexec sleep 600\n")
+    (bin_dir / "tritonserver").chmod(0o755)
+    return bin_dir
+
+
+def _guard_pid(session: int, timeout_s: float = 60.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid in _session_members(session):
+            with contextlib.suppress(OSError):
+                if b"trtllm_model.launch.http_guard" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+        time.sleep(0.1)
+    raise AssertionError("no guard started")
+
+
+def _listens(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=5):
+        return True
+    return False
+
+
+def test_a_guard_that_ends_while_serving_stops_tritonserver_and_the_launcher_exits_1(tmp_path):
+    """With no door on the public ports the container must end, so that its orchestrator starts it again."""
+    env = environment(tmp_path, sleeping_server(tmp_path), ENGINE_DIR="/engines/llama")
+    script = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        guard = _guard_pid(script.pid)
+        deadline = time.monotonic() + 60
+        while not _listens(int(env["HTTP_PORT"])):
+            assert time.monotonic() < deadline and script.poll() is None, "the guard never listened"
+            time.sleep(0.1)
+        os.kill(guard, signal.SIGKILL)
+        assert script.wait(30) == 1
+        assert "the HTTP guard exited (137) while serving; stopping tritonserver" in script.stderr.read()
+        assert_session_ends(script.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
+
+
+def test_a_public_port_in_use_fails_the_start(tmp_path):
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        env = environment(tmp_path, sleeping_server(tmp_path), ENGINE_DIR="/engines/llama",
+                          HTTP_PORT=str(taken.getsockname()[1]))
+        script = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, start_new_session=True)
+        try:
+            assert script.wait(60) == 1
+            assert "http_guard: cannot listen on 0.0.0.0" in script.stderr.read()
+            assert_session_ends(script.pid)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(script.pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
@@ -176,19 +272,9 @@ def test_openai_port_starts_the_openai_api_next_to_tritonserver_and_stops_it_wit
     answers), and a stop of the launcher stops it too."""
     import requests
 
-    from trtllm_model.server import free_ports
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "tritonserver").write_text("#!/bin/sh\nexec sleep 600\n")
-    (bin_dir / "tritonserver").chmod(0o755)
     (port,) = free_ports(1)
-    environment = {
-        **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, "PTH_DIR": str(tmp_path),
-        "TRTLLM_TRITON_ROOT": str(ROOT), "MODEL_REPOSITORY": str(tmp_path / "repo"), "OPENAI_PORT": str(port),
-        "ENGINE_DIR": "/engines/llama", "EXIT_TIMEOUT_SECS": "1",
-    }
-    launcher = subprocess.Popen(["bash", str(SCRIPT)], env=environment, start_new_session=True,
+    env = environment(tmp_path, sleeping_server(tmp_path), OPENAI_PORT=str(port), ENGINE_DIR="/engines/llama", EXIT_TIMEOUT_SECS="1")
+    launcher = subprocess.Popen(["bash", str(SCRIPT)], env=env, start_new_session=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -203,6 +289,7 @@ def test_openai_port_starts_the_openai_api_next_to_tritonserver_and_stops_it_wit
         assert launcher.wait(60) is not None
         with pytest.raises(requests.ConnectionError):
             requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+        assert_session_ends(launcher.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launcher.pid, signal.SIGKILL)

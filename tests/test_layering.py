@@ -1,4 +1,5 @@
-"""The package's layers import only downward: Triton edge -> poller -> executor interface -> engines."""
+"""The package's layers import only downward: command line -> Triton edge -> serving core -> executors and
+conventions -> embedded engine and request pipeline -> executor interface; and no module imports itself in a circle."""
 
 import ast
 from pathlib import Path
@@ -23,28 +24,64 @@ def imported_modules(path: Path) -> set[str]:
     return {name for name in names if name.startswith("trtllm_model")}
 
 
-def test_embedded_engine_imports_nothing_from_executors_or_above() -> None:
-    above = ("trtllm_model.executors", "trtllm_model.poller", "trtllm_model.model", "trtllm_model.triton_io")
-    for path in (PACKAGE / "embedded").glob("*.py"):
-        offending = {name for name in imported_modules(path) if name.startswith(above)}
-        assert not offending, f"{path.name} imports {offending}"
+# The package's layers, top to bottom: a package (or a module at the package's top) imports only from layers below
+# its own, never from its own layer's neighbours nor from above.
+LAYERS = [
+    {"launch"},  # the command line: trtllm-triton, the repository writer, the HTTP guard
+    {"triton", "openai_frontend"},  # the Triton edge (the models tritonserver loads); the OpenAI frontend process
+    {"serving"},  # the serving core: poller, dispatch, responses, admission, watches, metrics
+    {"executors", "conventions"},  # the engines behind the executor interface; the tensor conventions
+    {"embedded", "pipeline"},  # the embedded engine; request checks, build limits, text encoding, detokenizer
+    {"model_yaml", "server", "process_watch"},
+    {"executor_interface", "params", ""},  # "": the package's own __init__ (package_version)
+]
+
+
+def unit(module: str) -> str:
+    """The layer unit of a package module: its subpackage, or its own name at the package's top."""
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def test_every_module_of_the_package_has_a_layer() -> None:
+    placed = set().union(*LAYERS)
+    assert {unit(module) for module in import_graph()} == placed
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of `graph` that go to the importer's own layer (outside its own unit) or one above it."""
+    layer_of = {name: index for index, layer in enumerate(LAYERS) for name in layer}
+    return sorted(
+        f"{module} imports {imported}"
+        for module, imports in graph.items()
+        for imported in imports
+        if unit(module) != unit(imported) and layer_of[unit(imported)] <= layer_of[unit(module)]
+    )
+
+
+def test_packages_import_only_from_the_layers_below() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_upward_imports_are_found() -> None:
+    # Guards the check above against passing vacuously: up a layer, across one, and down (allowed).
+    graph = {
+        "trtllm_model.serving.poller": {"trtllm_model.triton.model", "trtllm_model.executor_interface"},
+        "trtllm_model.executors.synthetic": {"trtllm_model.conventions.common", "trtllm_model.executors.engine_wire"},
+    }
+    assert upward_imports(graph) == ["trtllm_model.executors.synthetic imports trtllm_model.conventions.common",
+                                     "trtllm_model.serving.poller imports trtllm_model.triton.model"]
 
 
 def test_executor_interface_depends_on_nothing_in_the_package() -> None:
     assert imported_modules(PACKAGE / "executor_interface.py") == set()
 
 
-def test_executors_never_import_the_triton_edge_or_the_poller() -> None:
-    above = ("trtllm_model.poller", "trtllm_model.model", "trtllm_model.triton_io", "trtllm_model.bls_forwarding")
-    for path in (PACKAGE / "executors").glob("*.py"):
-        offending = {name for name in imported_modules(path) if name.startswith(above)}
-        assert not offending, f"{path.name} imports {offending}"
-
-
 def test_import_resolution_sees_relative_imports() -> None:
     # Guards the checks above against passing vacuously.
     assert "trtllm_model.executor_interface" in imported_modules(PACKAGE / "embedded" / "engine.py")
     assert "trtllm_model.embedded.engine" in imported_modules(PACKAGE / "executors" / "transformers_executor.py")
+    assert "trtllm_model.serving.poller" in imported_modules(PACKAGE / "triton" / "model.py")
+    assert "trtllm_model.executor_interface" in imported_modules(PACKAGE / "serving" / "poller.py")
 
 
 def module_name(path: Path) -> str:

@@ -19,7 +19,7 @@ from test_poller import ListStream, context
 
 from trtllm_model.executor_interface import IterationStats, KvCacheStats
 from trtllm_model.executors.synthetic import SyntheticExecutor
-from trtllm_model.metrics import (
+from trtllm_model.serving.metrics import (
     DROPPED,
     E2E,
     GENERATION_TOKENS,
@@ -34,7 +34,7 @@ from trtllm_model.metrics import (
     FinishedRecord,
     MetricsReporter,
 )
-from trtllm_model.poller import Poller
+from trtllm_model.serving.poller import Poller
 
 MS = 1_000_000
 ROOT = Path(__file__).resolve().parent.parent
@@ -377,9 +377,9 @@ def triton_io(monkeypatch):
     fake.MetricFamily = FakeMetricFamily
     fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
-    monkeypatch.delitem(sys.modules, "trtllm_model.triton_io", raising=False)
-    yield importlib.import_module("trtllm_model.triton_io")
-    sys.modules.pop("trtllm_model.triton_io", None)
+    monkeypatch.delitem(sys.modules, "trtllm_model.triton.triton_io", raising=False)
+    yield importlib.import_module("trtllm_model.triton.triton_io")
+    sys.modules.pop("trtllm_model.triton.triton_io", None)
 
 
 def test_triton_backend_keeps_families_alive_as_long_as_their_metrics(triton_io):

@@ -76,6 +76,6 @@ def test_sampling_marks_rows_whose_bans_leave_nothing_and_only_those():
     biased_all = SamplingParams(greedy=False, top_k=5, embedding_bias=torch.full((50,), float("-inf")))
     free = SamplingParams(greedy=True, banned_tokens=[int(logits[1].argmax())])
     states = [SamplingState(params, random.Random(0), [1], {}, 0, None) for params in (banned_all, free, biased_all)]
-    tokens, _ = sample_next_tokens(logits, states)
+    tokens, _, _ = sample_next_tokens(logits, states)
     assert tokens[0] == NO_ALLOWED_TOKEN and tokens[2] == NO_ALLOWED_TOKEN
     assert tokens[1] == int(logits[1].topk(2).indices[1])

@@ -181,6 +181,8 @@ def row_request(row: dict[str, str], streaming: bool, beams: int) -> list:
         extra[when] = (True, np.bool_)
     if when == "num_return_sequences":
         extra[when] = (2, np.int32)
+    if when == "num_top_log_probs":
+        extra[when] = (3, np.int32)
     if beams > 1:
         extra["beam_width"] = (beams, np.int32)
     extra["exclude_input_in_output"] = (True, np.bool_)
@@ -231,7 +233,10 @@ def test_shape_table_holds_for_real_responses(row, beams, streaming, synthetic_s
         output = response.get_output(row["Output"])
         assert output.datatype == ("BYTES" if row["Data type"] == "STRING" else row["Data type"])
         match_shape(spec, list(output.shape), bound)
-        if row["Output"] in ("output_log_probs", "generation_logits") and response.get_output("output_ids"):
+        if row["Output"].startswith("output_top_log_prob"):
+            assert bound["K"] == 3
+        if row["Output"] in ("output_log_probs", "generation_logits", "output_top_log_probs") and response.get_output(
+                "output_ids"):
             # L: one per generated token of this response (exclude_input_in_output is set)
             assert bound["L"] == response.as_numpy("output_ids").shape[-1]
 

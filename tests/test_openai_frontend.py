@@ -17,6 +17,7 @@ from test_layering import PACKAGE, imported_modules
 
 from trtllm_model.executors.synthetic import SyntheticTokenizer
 from trtllm_model.openai_frontend import app as app_module
+from trtllm_model.openai_frontend import generation as generation_module
 from trtllm_model.openai_frontend.app import _JoinedWrites
 from trtllm_model.openai_frontend.protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from trtllm_model.openai_frontend.text_stream import TextStream
@@ -102,7 +103,7 @@ def test_completion_prompt_forms():
 
 def test_frontend_and_model_stay_apart():
     frontend = PACKAGE / "openai_frontend"
-    edge = ("trtllm_model.model", "trtllm_model.triton_io", "trtllm_model.poller", "trtllm_model.bls_forwarding")
+    edge = ("trtllm_model.triton.model", "trtllm_model.triton.triton_io", "trtllm_model.serving.poller", "trtllm_model.triton.bls_forwarding")
     for path in frontend.glob("*.py"):
         offending = {name for name in imported_modules(path) if any(name == e or name.startswith(f"{e}.") for e in edge)}
         assert not offending, f"{path.name} imports {offending}"
@@ -457,7 +458,7 @@ def test_ignore_eos_and_min_tokens_map_onto_min_tokens_and_top_p_0_is_greedy():
 
 
 def test_an_over_long_prompt_is_openais_context_length_exceeded():
-    names = app_module._PARAM_NAMES["max_tokens", "messages", None, "min_tokens"]
+    names = app_module._PARAM_NAMES["max_tokens", "messages", None, "min_tokens", "top_logprobs"]
     for text in ("input length 3000 exceeds max_num_tokens=2048",
                  "input length 100 + max_tokens 9000 exceeds the model's 8192 positions",
                  "input_ids: prompt of 5000 tokens is over max_input_len=4096",
@@ -469,7 +470,7 @@ def test_an_over_long_prompt_is_openais_context_length_exceeded():
 
 
 def test_a_guide_that_does_not_compile_names_the_openai_parameter():
-    names = app_module._PARAM_NAMES["max_tokens", "messages", "response_format", "min_tokens"]
+    names = app_module._PARAM_NAMES["max_tokens", "messages", "response_format", "min_tokens", "top_logprobs"]
     error = api_error_from_triton("INVALID_ARG: guided_decoding_guide: the json_schema guide does not compile: "
                                   'Unsupported type "bogus"', names)
     assert (error.status, error.param) == (400, "response_format")
@@ -567,9 +568,9 @@ def test_a_long_tool_call_answer_is_parsed_off_the_event_loop():
     async def parse(text: str):
         calls_text = RecordingCalls(forced=False)
         calls_text.push(text)
-        return await app_module.Generation.finish_calls(types.SimpleNamespace(calls=calls_text))
+        return await generation_module.Choice.finish_calls(types.SimpleNamespace(calls=calls_text))
 
-    for spaces in (10, 4 * app_module.INLINE_TOOL_PARSE_CHARS):
+    for spaces in (10, 4 * generation_module.INLINE_TOOL_PARSE_CHARS):
         _, calls = asyncio.run(parse(tool_call_with_spaces(spaces)))
         assert [c["function"]["name"] for c in calls] == ["get_time"]
     loop_thread = threading.get_ident()  # asyncio.run runs the loop in this thread
@@ -605,3 +606,27 @@ def test_over_max_output_len_is_refused_naming_max_tokens():
                                                  "max_output_len)", "type": "invalid_request_error", "param": field,
                                                  "code": "invalid_value"}
     assert app_module._sampling(chat_body(max_tokens=4096), info, 2).max_tokens == 4096
+
+
+def test_n_and_best_of_equal_to_n_are_accepted_and_best_of_above_n_refused():
+    assert parse_body(COMPLETION + '"n": 3, "best_of": 3}', CompletionRequest).n == 3
+    assert parse_body(CHAT + '"n": 2, "logprobs": true, "top_logprobs": 20}', ChatRequest).top_logprobs == 20
+    for body, model, param in ((COMPLETION + '"n": 2, "best_of": 3}', CompletionRequest, "best_of"),
+                               (CHAT + '"n": 0}', ChatRequest, "n")):
+        with pytest.raises(ApiError) as refused:
+            parse_body(body, model)
+        assert refused.value.param == param and refused.value.status == 400
+
+
+def test_top_logprobs_go_to_the_embedded_engine_and_are_refused_naming_the_executor_elsewhere():
+    """num_top_log_probs is sent (with its outputs asked for) to a model that takes it; TensorRT-LLM's executor API
+    returns only the sampled token's log prob: a 400 naming the parameter, the model and its executor."""
+    request = chat_body(logprobs=True, top_logprobs=4)
+    embedded = ModelInfo("m", TOKENIZER, None, None, inputs=frozenset({"num_top_log_probs"}))
+    sent = generation_request("r", embedded, [1], app_module._sampling(request, embedded, 1))
+    assert inputs_of(sent)["num_top_log_probs"] == b"\x04\x00\x00\x00"
+    assert {"output_top_log_prob_ids", "output_top_log_probs"} <= {output.name for output in sent.outputs}
+    engine = ModelInfo("m", TOKENIZER, None, None, inputs=frozenset({"num_top_log_probs"}), executor="trtllm_engine")
+    with pytest.raises(ApiError) as refused:
+        generation_request("r", engine, [1], app_module._sampling(request, engine, 1))
+    assert refused.value.param == "top_logprobs" and "trtllm_engine" in refused.value.message

@@ -9,8 +9,8 @@ import pytest
 from trtllm_model.conventions.common import InvalidInput, Limits
 from trtllm_model.conventions.inflight_batcher import parse_request, request_parser
 from trtllm_model.conventions.parsing import parse_together
-from trtllm_model.detokenizer import chat_prompt_text
 from trtllm_model.embedded.model_loading import load_tokenizer
+from trtllm_model.pipeline.detokenizer import chat_prompt_text
 
 LIMITS = Limits(max_input_len=64, max_output_len=64)
 

@@ -10,8 +10,8 @@ import pytest
 from trtllm_model.conventions.common import ParsedRequest
 from trtllm_model.executor_interface import GenerationRequest
 from trtllm_model.executors.synthetic import SyntheticExecutor, synthetic_token
-from trtllm_model.poller import Poller
-from trtllm_model.request_context import ErrorCode, RequestContext
+from trtllm_model.serving.poller import Poller
+from trtllm_model.serving.request_context import ErrorCode, RequestContext
 
 
 class ListStream:

@@ -9,14 +9,13 @@ import threading
 import numpy as np
 import pytest
 
-from trtllm_model import text_pipeline
 from trtllm_model.conventions import llmapi
 from trtllm_model.conventions.common import InvalidInput, Limits, longest_token_bytes
 from trtllm_model.conventions.inflight_batcher import parse_request, words_to_offsets
 from trtllm_model.executor_interface import GenerationRequest, QueueFull, RequestRejected, Step
 from trtllm_model.executors import create_executor
 from trtllm_model.executors.synthetic import SyntheticTokenizer
-from trtllm_model.request_checks import (
+from trtllm_model.pipeline.request_checks import (
     MAX_WORD_LIST_TOKENS,
     MAX_WORD_TOKENS,
     MAX_WORDS,
@@ -24,6 +23,7 @@ from trtllm_model.request_checks import (
     LogitsBudgetFull,
     check_request,
 )
+from trtllm_model.triton import text_pipeline
 
 LIMITS = Limits(max_input_len=16, max_output_len=64, vocab_size=1000)
 

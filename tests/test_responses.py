@@ -6,8 +6,8 @@ import numpy as np
 
 from trtllm_model.conventions.common import ParsedRequest
 from trtllm_model.executor_interface import FinishReason, GenerationRequest, Step
-from trtllm_model.request_context import RequestContext
-from trtllm_model.responses import Reply, ResponseAssembler
+from trtllm_model.serving.request_context import RequestContext
+from trtllm_model.serving.responses import Reply, ResponseAssembler
 
 
 def streamed_context(**generation) -> RequestContext:

@@ -10,9 +10,9 @@ import pytest
 from test_poller import ListStream, context
 
 from trtllm_model.executors.synthetic import SyntheticExecutor, synthetic_token
-from trtllm_model.poller import Poller
-from trtllm_model.request_context import BatchStream, ErrorCode
-from trtllm_model.row_admission import default_limit
+from trtllm_model.serving.poller import Poller
+from trtllm_model.serving.request_context import BatchStream, ErrorCode
+from trtllm_model.serving.row_admission import default_limit
 
 
 class CountingExecutor(SyntheticExecutor):

@@ -7,9 +7,9 @@ import copy
 
 import pytest
 
-from trtllm_model.detokenizer import chat_prompt_ids
 from trtllm_model.embedded.model_loading import load_tokenizer
-from trtllm_model.text_encoding import encode_text, encode_texts
+from trtllm_model.pipeline.detokenizer import chat_prompt_ids
+from trtllm_model.pipeline.text_encoding import encode_text, encode_texts
 
 TEXTS = [
     "What is the capital of France?",

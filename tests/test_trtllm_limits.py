@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from trtllm_support import forget_tensorrt_llm, make_checkpoint_dir, make_engine_dir, use_fake_tensorrt_llm
 
-from trtllm_model.build_limits import request_limits
 from trtllm_model.conventions.common import InvalidInput, Limits
 from trtllm_model.conventions.inflight_batcher import parse_request
 from trtllm_model.executor_interface import BuildLimits, GenerationRequest
@@ -17,6 +16,7 @@ from trtllm_model.executors import create_executor
 from trtllm_model.executors.trtllm_engine import engine_build_limits, engine_vocab_size
 from trtllm_model.executors.trtllm_llmapi import checkpoint_max_seq_len
 from trtllm_model.params import ConfigError, Params
+from trtllm_model.pipeline.build_limits import request_limits
 
 LAYOUTS = ("build_config", "builder_config")
 

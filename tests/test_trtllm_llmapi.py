@@ -156,6 +156,18 @@ def test_diffs_become_steps_and_the_last_is_final():
                                                                                    FinishReason.LENGTH)
 
 
+def test_top_log_probs_come_from_the_pytorch_backends_ranked_dicts():
+    """logprobs=N: each token's dict holds the N likeliest (rank 1 first) and the sampled token, which may rank below
+    them; the k likeliest come back, likeliest first. The TensorRT backend's plain floats name none."""
+    state = OutputState(beam_search=False, want_log_probs=True, top_log_probs=2)
+    entry = {9: SimpleNamespace(logprob=-3.0, rank=7), 4: SimpleNamespace(logprob=-0.1, rank=1),
+             5: SimpleNamespace(logprob=-2.5, rank=2)}
+    output = SimpleNamespace(finished=False, outputs=[_completion(diff=[9, 3], logprobs_diff=[entry, -0.4])])
+    (step,) = steps_from_output(1, output, state)
+    assert step.log_probs == [-3.0, -0.4] and step.top_log_probs == [[(4, -0.1), (5, -2.5)], []]
+    assert sampling_kwargs(GenerationRequest([1], 4, num_top_log_probs=5), None)["logprobs"] == 5
+
+
 def test_finished_sequences_are_not_repeated_and_the_request_end_is_one_final():
     state = OutputState(beam_search=False, want_log_probs=False)
     update = SimpleNamespace(finished=False, outputs=[_completion(0, [5], reason="stop"), _completion(1, [6])])

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from trtllm_model.server import free_ports
-from trtllm_model.watches import StreamWatch, UnloadProbe
+from trtllm_model.serving.watches import StreamWatch, UnloadProbe
 
 
 @pytest.fixture

@@ -54,6 +54,8 @@ class GenerationRequest:
     bad_words: list[list[int]] = field(default_factory=list)
     embedding_bias: list[float] | None = None
     return_log_probs: bool = False
+    # The likeliest tokens with their log probs at each generated position (0: none; at most MAX_TOP_LOG_PROBS).
+    num_top_log_probs: int = 0
     beam_width: int = 1
     num_return_sequences: int = 1
     # A request past this many milliseconds ends with the tokens so far and FinishReason.TIMED_OUT.
@@ -88,6 +90,8 @@ class Step:
     finish_reason: FinishReason = FinishReason.NOT_FINISHED
     log_probs: list[float] | None = None
     cum_log_prob: float | None = None
+    # With num_top_log_probs: per token of token_ids, the likeliest tokens as (token id, log prob), best first.
+    top_log_probs: list[list[tuple[int, float]]] | None = None
     error: str | None = None
     client_error: bool = False  # `error` is the request's own doing (INVALID_ARG), not the engine's (INTERNAL)
     sequence_index: int = 0
@@ -166,7 +170,11 @@ OPTIONAL_INPUTS = {
     "lora": ("lora_task_id", "lora_weights", "lora_config"),
     "guided_decoding": ("guided_decoding_guide_type", "guided_decoding_guide"),
     "cache_salt": ("cache_salt",),
+    "top_log_probs": ("num_top_log_probs",),
 }
+
+# The most alternatives per token `num_top_log_probs` may ask for (OpenAI's top_logprobs bound).
+MAX_TOP_LOG_PROBS = 20
 
 
 class Tokenizer(Protocol):

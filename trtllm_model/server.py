@@ -19,7 +19,7 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
-# `serve --executor NAME` passes the override to the model (trtllm_model.model) through this variable.
+# `serve --executor NAME` passes the override to the model (trtllm_model.triton.model) through this variable.
 EXECUTOR_OVERRIDE_ENV = "TRTLLM_TRITON_EXECUTOR"
 LOOPBACK = "127.0.0.1"
 # `serve` tells the models where the server's HTTP endpoint is, so that they ask it whether they are still served
@@ -193,13 +193,13 @@ def server_command(options: ServerOptions) -> list[str]:
 THREAD_STACK_BYTES = 8 << 20
 
 
-def set_thread_stack_limit() -> None:
-    """Raise this process's (and so its children's) RLIMIT_STACK soft limit to THREAD_STACK_BYTES if it is lower or
-    unlimited, as far as the hard limit lets it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+def set_thread_stack_limit(pid: int = 0) -> None:
+    """Raise the RLIMIT_STACK soft limit of process `pid` (0: this one), and so of the children it starts next, to
+    THREAD_STACK_BYTES if it is lower or unlimited, as far as the hard limit lets it."""
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_STACK)
     if soft == resource.RLIM_INFINITY or soft < THREAD_STACK_BYTES:
         wanted = THREAD_STACK_BYTES if hard == resource.RLIM_INFINITY else min(THREAD_STACK_BYTES, hard)
-        resource.setrlimit(resource.RLIMIT_STACK, (wanted, hard))
+        resource.prlimit(pid, resource.RLIMIT_STACK, (wanted, hard))
 
 
 def ports_in_use(host: str, ports: list[int]) -> list[int]:

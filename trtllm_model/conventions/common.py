@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..executor_interface import GenerationRequest, Tokenizer
-from ..request_checks import MAX_WORD_LIST_TOKENS, MAX_WORD_TOKENS, MAX_WORDS
+from ..pipeline.request_checks import MAX_WORD_LIST_TOKENS, MAX_WORD_TOKENS, MAX_WORDS
 
 UINT64_MAX = 2**64 - 1
 
@@ -73,6 +73,7 @@ class ResponseContent:
     texts: list[str] | None = None  # one per beam (text requests)
     log_probs: list[list[float]] | None = None  # one list per beam
     cum_log_probs: list[float] | None = None  # one per beam
+    top_log_probs: list[list[tuple[int, float]]] | None = None  # per token (one beam): the likeliest (id, log prob)
     finish_reason: str | None = None
     num_output_tokens: int = 0
     sequence_index: int = 0

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..executor_interface import OPTIONAL_INPUTS, GenerationRequest, Tokenizer
-from ..request_checks import MAX_BIAS_VALUES, MAX_GUIDE_BYTES, MAX_NAME_BYTES, MAX_WORD_LIST_TOKENS
+from ..executor_interface import MAX_TOP_LOG_PROBS, OPTIONAL_INPUTS, GenerationRequest, Tokenizer
+from ..pipeline.request_checks import MAX_BIAS_VALUES, MAX_GUIDE_BYTES, MAX_NAME_BYTES, MAX_WORD_LIST_TOKENS
 from .common import (
     PERF_OUTPUTS,
     UINT64_MAX,
@@ -50,7 +50,7 @@ _SCALAR_KEYS = {alias: key for key, aliases in _ALIASES.items() for alias in ali
         "repetition_penalty", "presence_penalty", "frequency_penalty", "return_log_probs", "num_return_sequences",
         "allotted_time_ms", "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens",
         "apply_chat_template", "stop", "return_context_logits", "return_generation_logits", "return_perf_metrics",
-        "lora_task_id",
+        "lora_task_id", "num_top_log_probs",
     )
 }
 
@@ -345,6 +345,7 @@ def request_parser(
         bad_words=bad_words,
         embedding_bias=embedding_bias,
         return_log_probs=_bool(scalars, "return_log_probs"),
+        num_top_log_probs=_int(scalars, "num_top_log_probs", minimum=0, maximum=MAX_TOP_LOG_PROBS) or 0,
         beam_width=beam_width,
         num_return_sequences=_int(scalars, "num_return_sequences", minimum=0) or 1,  # 0 means 1, as NVIDIA's
         allotted_time_ms=_int(scalars, "allotted_time_ms", minimum=1),
@@ -504,6 +505,15 @@ def _padded(rows: list[list], fill, dtype) -> np.ndarray:
     return array
 
 
+def _top_log_probs(positions: list[list[tuple[int, float]]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.full((1, 1, len(positions), k), -1, dtype=np.int32)
+    values = np.full((1, 1, len(positions), k), -np.inf, dtype=np.float32)
+    for index, top in enumerate(positions):
+        if top:
+            ids[0, 0, index, : len(top)], values[0, 0, index, : len(top)] = zip(*top)
+    return ids, values
+
+
 def response_outputs(parsed: ParsedRequest, content: ResponseContent) -> dict[str, np.ndarray]:
     """Output tensors of one response, shaped as NVIDIA's models return them (docs/nvidia_compatibility.md):
     the new tokens (streaming) or the whole output (final, non-streaming)."""
@@ -519,6 +529,11 @@ def response_outputs(parsed: ParsedRequest, content: ResponseContent) -> dict[st
         outputs["output_log_probs"] = _padded(log_probs, 0.0, np.float32)
         cum = content.cum_log_probs or [0.0] * len(log_probs)
         outputs["cum_log_probs"] = np.array([cum], dtype=np.float32)
+    if parsed.generation.num_top_log_probs:
+        # Ours (NVIDIA's models have none): [1, beams, tokens, k] ids and log probs of the likeliest tokens at each
+        # position, best first; a position with fewer than k (tokens banned) is padded with id -1, log prob -inf.
+        outputs["output_top_log_prob_ids"], outputs["output_top_log_probs"] = _top_log_probs(
+            content.top_log_probs or [], parsed.generation.num_top_log_probs)
     if parsed.generation.return_context_logits and content.context_logits is not None:
         outputs["context_logits"] = np.asarray(content.context_logits, np.float32)[None]
     if parsed.generation.return_generation_logits and content.generation_logits is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..executor_interface import GenerationRequest, Tokenizer
-from ..request_checks import MAX_NAME_BYTES
+from ..pipeline.request_checks import MAX_NAME_BYTES
 from .common import (
     UINT64_MAX,
     InvalidInput,

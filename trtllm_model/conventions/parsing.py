@@ -13,7 +13,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 from ..executor_interface import Tokenizer
-from ..text_encoding import encode_text, encode_texts
+from ..pipeline.text_encoding import encode_text, encode_texts
 from .common import ParsedRequest
 
 

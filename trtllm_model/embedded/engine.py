@@ -429,7 +429,8 @@ class Engine:
             sequence.pending -= 1
             if sequence.status is FINISHED:
                 continue
-            sampled = (tokens[row], log_probs[row] if log_probs is not None and sequence.sampling.log_probs else None)
+            sampled = (tokens[row], log_probs[row] if log_probs is not None and sequence.sampling.log_probs else None,
+                       None)  # rows with top log probs are never overlapped (Sequence.may_overlap)
             prefill = row >= decoding
             try:
                 steps.append(self._accept_row(sequence, None, sampled, prefill))
@@ -588,8 +589,8 @@ class Engine:
             self.blocks.free(sequence.blocks)
             sequence.blocks = None
 
-    def _sample(self, sequences: list[Sequence], logits: torch.Tensor) -> list[tuple[int, float | None] | None]:
-        """(token, log prob) per row; all None when the batch failed (each row is then sampled alone in _accept)."""
+    def _sample(self, sequences: list[Sequence], logits: torch.Tensor) -> list[tuple | None]:
+        """(token, log prob, top log probs) per row; all None when the batch failed (each row is then sampled alone in _accept)."""
         try:
             return list(zip(*sample_next_tokens(logits, [s.sampling_state() for s in sequences])))
         except Exception as exc:  # noqa: BLE001 - sampled again row by row, so a failure is pinned on its own row
@@ -610,12 +611,12 @@ class Engine:
         return steps
 
     def _accept_row(
-        self, sequence: Sequence, logits: torch.Tensor | None, sampled: tuple[int, float | None] | None, prefill: bool
+        self, sequence: Sequence, logits: torch.Tensor | None, sampled: tuple | None, prefill: bool
     ) -> Step:
         if sampled is None:
-            (token,), (log_prob,) = sample_next_tokens(logits[None], [sequence.sampling_state()])
+            (token,), (log_prob,), (top,) = sample_next_tokens(logits[None], [sequence.sampling_state()])
         else:
-            token, log_prob = sampled
+            token, log_prob, top = sampled
         if token == NO_ALLOWED_TOKEN:
             sequence.finish(FinishReason.ERROR)
             step = sequence.step([])
@@ -626,6 +627,8 @@ class Engine:
         # A prompt's first token, not a resumed sequence's prefill: its context logits go with it, if asked for.
         context_logits = prefill and sequence.want_context_logits and sequence.num_output == 0
         step = sequence.accept(token, log_prob, self.runner.max_positions)
+        if top is not None and step.token_ids:
+            step.top_log_probs = [top]
         # Logits only for requests that asked (NVIDIA's return_*_logits): the copies cost a vocabulary each.
         if sequence.want_generation_logits and step.token_ids:
             step.generation_logits = logits.float().cpu().numpy()[None, None]  # [beams, tokens, vocab]
@@ -709,6 +712,8 @@ def _merge_step(pending: Step, step: Step) -> None:
     pending.token_ids.extend(step.token_ids)
     if pending.log_probs is not None and step.log_probs is not None:
         pending.log_probs.extend(step.log_probs)
+    if step.top_log_probs is not None:
+        pending.top_log_probs = (pending.top_log_probs or []) + step.top_log_probs
     if step.generation_logits is not None:
         if pending.generation_logits is None:
             pending.generation_logits = step.generation_logits

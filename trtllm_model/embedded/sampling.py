@@ -3,7 +3,9 @@
 Order, per row: embedding bias, repetition penalty (over prompt and output, as in Hugging Face), presence and
 frequency penalties (over the output only, as in OpenAI's API), bans (bad words; the end id before min_tokens),
 temperature; then top-k and top-p cut the distribution that is sampled. A log prob is that of the chosen token
-under the distribution after temperature and before top-k/top-p. A row whose guide, bans and bias leave no token
+under the distribution after temperature and before top-k/top-p; a request's top log probs (the likeliest tokens at
+each position, OpenAI's top_logprobs) come from that same distribution, so the chosen token's entry among them is its
+log prob exactly. A row whose guide, bans and bias leave no token
 allowed gets `NO_ALLOWED_TOKEN`: what the request asked for cannot be met, and the engine ends it (its own error).
 Greedy rows share one batched argmax; sampling rows are cut and drawn together on the logits' device (one uniform
 number per row from the row's own `random.Random`, so a seeded request gets the same draws whatever else shares the
@@ -42,6 +44,7 @@ class SamplingParams:
     bad_sequences: list[list[int]] = field(default_factory=list)  # multi-token bad words
     embedding_bias: torch.Tensor | None = None
     log_probs: bool = False
+    top_log_probs: int = 0  # the likeliest tokens returned with their log probs at each step (0: none)
 
     @classmethod
     def from_request(cls, request: GenerationRequest, vocab_size: int) -> SamplingParams:
@@ -68,7 +71,8 @@ class SamplingParams:
             banned_tokens=sorted({word[0] for word in words if len(word) == 1}),
             bad_sequences=[word for word in words if len(word) > 1],
             embedding_bias=bias,
-            log_probs=request.return_log_probs,
+            log_probs=request.return_log_probs or request.num_top_log_probs > 0,
+            top_log_probs=request.num_top_log_probs,
         )
 
     @property
@@ -222,8 +226,14 @@ def _rows(rows: list[int], count: int, device: torch.device) -> torch.Tensor | s
     return slice(None) if len(rows) == count else to_device(rows, device)
 
 
-def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tuple[list[int], list[float | None]]:
-    """One token per row of `[rows, vocab]` float32 logits, plus its log prob where the request asked for it."""
+TopLogProbs = list[tuple[int, float]]  # (token id, log prob), likeliest first
+
+
+def sample_next_tokens(
+    logits: torch.Tensor, states: list[SamplingState]
+) -> tuple[list[int], list[float | None], list[TopLogProbs | None]]:
+    """One token per row of `[rows, vocab]` float32 logits, plus its log prob and the likeliest tokens' where the
+    request asked for them."""
     guides = [state.guide for state in states]
     guided = any(guide is not None for guide in guides)
     if guided:
@@ -250,10 +260,26 @@ def sample_next_tokens(logits: torch.Tensor, states: list[SamplingState]) -> tup
     if any(state.params.log_probs for state in states):
         values = log_probs_on_device.tolist()
         log_probs = [value if state.params.log_probs else None for value, state in zip(values, states)]
+    tops: list[TopLogProbs | None] = [None] * len(states)
+    for row, state in enumerate(states):
+        if state.params.top_log_probs:
+            tops[row], log_probs[row] = _top_log_probs(logits[row], state.params, tokens[row])
     if guided or changed:
         for row in (logits.amax(-1) == float("-inf")).nonzero()[:, 0].tolist():
-            tokens[row], log_probs[row] = NO_ALLOWED_TOKEN, None
-    return tokens, log_probs
+            tokens[row], log_probs[row], tops[row] = NO_ALLOWED_TOKEN, None, None
+    return tokens, log_probs, tops
+
+
+def _top_log_probs(row: torch.Tensor, params: SamplingParams, token: int) -> tuple[TopLogProbs, float]:
+    """(the row's likeliest tokens with their log probs, the chosen token's log prob), both from one log-softmax of
+    the distribution the token was drawn from (after temperature; greedy: the logits as they are). Tokens of log
+    prob -inf (banned, outside a guide) are never among them. Rows asking for these are sampled on the host, one
+    row at a time: a request asks for them, not every step of the batch."""
+    scaled = row if params.greedy else row / params.temperature
+    log_softmax = torch.log_softmax(scaled.float(), -1)
+    values, ids = torch.topk(log_softmax, min(params.top_log_probs, log_softmax.shape[-1]))
+    top = [(i, v) for i, v in zip(ids.tolist(), values.tolist()) if v != float("-inf")]
+    return top, float(log_softmax[token]) if 0 <= token < log_softmax.shape[-1] else float("-inf")
 
 
 def sample_on_device(logits: torch.Tensor, states: list[SamplingState]) -> tuple[torch.Tensor, torch.Tensor]:

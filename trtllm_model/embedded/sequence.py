@@ -113,9 +113,9 @@ class Sequence:
     def may_overlap(self) -> bool:
         """Whether its next token may be sampled before the host has read its last one: nothing in its sampling reads
         the tokens so far (no guide, bias, penalty or bad word; min_tokens needs only their count) and no logits go
-        back to the client."""
+        back to the client, nor its top log probs (sampled on the host)."""
         return (self.guide is None and not self.sampling.processed_on_host and not self.want_generation_logits
-                and not self.want_context_logits)
+                and not self.want_context_logits and not self.sampling.top_log_probs)
 
     def end_id_banned_steps(self) -> int:
         """How many of its next tokens may not be its end id (0: none): an unguided sequence short of min_tokens,

@@ -10,8 +10,8 @@ import importlib
 
 from ..executor_interface import DEFAULT_MAX_LOGITS_BYTES, Executor
 from ..params import ConfigError, Params
-from ..request_checks import DEFAULT_TOTAL_LOGITS_REQUESTS, LogitsBudget, bound_logits_in_flight
-from ..request_checks import PARAMETERS as CHECK_PARAMETERS
+from ..pipeline.request_checks import DEFAULT_TOTAL_LOGITS_REQUESTS, LogitsBudget, bound_logits_in_flight
+from ..pipeline.request_checks import PARAMETERS as CHECK_PARAMETERS
 
 DEFAULT_EXECUTOR = "transformers"
 

@@ -97,7 +97,7 @@ _NOT_FINISHED = FinishReason.NOT_FINISHED
 _EXTRA_DEFAULTS = {"error": None, "client_error": False, "sequence_index": 0, "beams": None, "beam_log_probs": None,
                    "beam_cum_log_probs": None, "context_logits": None, "generation_logits": None,
                    "kv_cache_alloc_new_blocks": None, "kv_cache_reused_blocks": None,
-                   "kv_cache_alloc_total_blocks": None}
+                   "kv_cache_alloc_total_blocks": None, "top_log_probs": None}
 
 
 @dataclass(slots=True)
@@ -130,7 +130,8 @@ def pack_steps(steps: list[Step]) -> PackedSteps:
                 if step.error is not None or step.generation_logits is not None or step.context_logits is not None
                 or step.kv_cache_alloc_new_blocks is not None or step.kv_cache_reused_blocks is not None
                 or step.kv_cache_alloc_total_blocks is not None or step.beams is not None or step.sequence_index
-                or step.client_error or step.beam_log_probs is not None or step.beam_cum_log_probs is not None],
+                or step.client_error or step.beam_log_probs is not None or step.beam_cum_log_probs is not None
+                or step.top_log_probs is not None],
     )
 
 

@@ -37,7 +37,7 @@ from ..executor_interface import (
     Step,
 )
 from ..params import Params
-from ..request_checks import check_request
+from ..pipeline.request_checks import check_request
 
 PARAMETERS = frozenset({"synthetic_step_ms", "synthetic_vocab_size", "synthetic_tokens_per_block"})
 FAULTS = ("reject", "error_at", "crash_at", "stall_ms")
@@ -120,6 +120,8 @@ class SyntheticTokenizer:
 
 
 class SyntheticExecutor(Executor):
+    optional_inputs = frozenset({"top_log_probs"})
+
     def __init__(
         self, step_ms: float = 10.0, max_batch_size: int = 64, vocab_size: int = 32000,
         kv_cache_tokens: int | None = None, tokens_per_block: int = 32,
@@ -294,6 +296,8 @@ class SyntheticExecutor(Executor):
         if req.return_log_probs:
             step.log_probs = [-0.5]
             step.cum_log_prob = -0.5 * seq.generated
+        if req.num_top_log_probs:  # the token itself first (-0.5), then the ids after it, each one less likely
+            step.top_log_probs = [[((token + j) % self.vocab_size, -0.5 - j) for j in range(req.num_top_log_probs)]]
         if req.end_id is not None and token == req.end_id and seq.generated >= (req.min_tokens or 0):
             step.is_final, step.finish_reason = True, FinishReason.END_ID
         elif req.stop_words and any(self._ends_with(seq, word) for word in req.stop_words):

@@ -112,7 +112,7 @@ from ..executor_interface import (
     Tokenizer,
 )
 from ..params import ConfigError, Params
-from ..request_checks import check_request
+from ..pipeline.request_checks import check_request
 from .engine_client import DEFAULT_HEARTBEAT_TIMEOUT_S, EngineProcess
 from .engine_wire import EngineSpec
 
@@ -136,7 +136,8 @@ DEFAULT_CPU_STALL_FACTOR = 2.5
 
 
 class TransformersExecutor(Executor):
-    optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "guided_decoding", "cache_salt"})
+    optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "guided_decoding", "cache_salt",
+                                 "top_log_probs"})
     max_guide_bytes: int = DEFAULT_MAX_GUIDE_BYTES
     guide_compile_timeout_s: float = DEFAULT_GUIDE_COMPILE_TIMEOUT_S
     max_guide_cache_bytes: int = DEFAULT_MAX_GUIDE_CACHE_BYTES

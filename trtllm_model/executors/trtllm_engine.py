@@ -19,7 +19,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..build_limits import check_within_build
 from ..executor_interface import (
     BuildLimits,
     Executor,
@@ -31,7 +30,8 @@ from ..executor_interface import (
     Tokenizer,
 )
 from ..params import ConfigError, Params
-from ..request_checks import check_request
+from ..pipeline.build_limits import check_within_build
+from ..pipeline.request_checks import check_request
 from .trtllm_mapping import (
     NOT_APPLIED_NVIDIA_PARAMETERS,
     executor_config,

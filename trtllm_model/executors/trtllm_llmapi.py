@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..build_limits import check_within_build
 from ..executor_interface import (
     BuildLimits,
     Executor,
@@ -31,8 +30,9 @@ from ..executor_interface import (
     Tokenizer,
 )
 from ..params import ConfigError, Params
-from ..request_checks import PARAMETERS as CHECK_PARAMETERS
-from ..request_checks import check_request
+from ..pipeline.build_limits import check_within_build
+from ..pipeline.request_checks import PARAMETERS as CHECK_PARAMETERS
+from ..pipeline.request_checks import check_request
 from . import apply_logits_bounds, logits_bounds
 from .trtllm_engine import import_tensorrt_llm
 from .trtllm_llmapi_mapping import (
@@ -71,7 +71,7 @@ class _Live:
 class LlmApiExecutor(Executor):
     # LoRA here takes adapters by path (LoRARequest), not NVIDIA's weight tensors: UNSUPPORTED. Guided decoding is
     # added where the LLM was built with a guided_decoding_backend (create()).
-    optional_inputs = frozenset({"return_context_logits", "return_generation_logits"})
+    optional_inputs = frozenset({"return_context_logits", "return_generation_logits", "top_log_probs"})
     guided_decoding_params_cls: type | None = None  # tensorrt_llm.llmapi.GuidedDecodingParams, when enabled
     # NVIDIA's LLM API inputs this executor honours (conventions/llmapi.py).
     llmapi_features = frozenset({"lora_request", "logits_post_processor"})
@@ -188,7 +188,8 @@ class LlmApiExecutor(Executor):
     async def _start(self, request_id: int, request: GenerationRequest, params: Any, lora: Any = None) -> None:
         output = self._llm.generate_async({"prompt_token_ids": list(request.input_ids)}, sampling_params=params,
                                           lora_request=lora, streaming=True)
-        live = _Live(output, OutputState(beam_search=request.beam_width > 1, want_log_probs=request.return_log_probs))
+        live = _Live(output, OutputState(beam_search=request.beam_width > 1, want_log_probs=request.return_log_probs,
+                                         top_log_probs=request.num_top_log_probs))
         if request.allotted_time_ms:
             live.timer = self._loop.call_later(request.allotted_time_ms / 1000, self._abort, request_id, True)
         live.task = self._loop.create_task(self._stream(request_id, live))

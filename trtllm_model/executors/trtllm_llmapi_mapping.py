@@ -121,7 +121,8 @@ def sampling_kwargs(
         stop=stop_texts or None,
         bad_token_ids=bad_ids or None,
         bad=bad_texts or None,
-        logprobs=1 if request.return_log_probs else None,
+        # N: the N likeliest tokens' log probs at each position (the PyTorch backend's dicts), the sampled one's too.
+        logprobs=max(request.num_top_log_probs, 1) if request.return_log_probs or request.num_top_log_probs else None,
         return_context_logits=request.return_context_logits or None,
         return_generation_logits=request.return_generation_logits or None,
     )
@@ -160,6 +161,7 @@ class OutputState:
 
     beam_search: bool
     want_log_probs: bool
+    top_log_probs: int = 0  # the likeliest tokens wanted at each position (num_top_log_probs)
     timed_out: bool = False
     finished_sequences: set[int] = field(default_factory=set)
     final_sent: bool = False
@@ -183,6 +185,21 @@ def log_probs_of(entries: list[Any], tokens: list[int]) -> list[float]:
             entry = entry.get(token, next(iter(entry.values()), None))
         values.append(float(getattr(entry, "logprob", entry)))
     return values
+
+
+def top_log_probs_of(entries: list[Any], k: int) -> list[list[tuple[int, float]]]:
+    """The k likeliest (token id, log prob) at each position, likeliest first: from the PyTorch backend's
+    {token_id: Logprob(logprob, rank)} dicts, which hold the top k and the sampled token (rank 1 is the likeliest);
+    the TensorRT backend's plain floats name no alternatives (an empty list)."""
+    tops = []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            tops.append([])
+            continue
+        ranked = sorted(entry.items(), key=lambda item: (getattr(item[1], "rank", None) or float("inf"),
+                                                         -float(getattr(item[1], "logprob", item[1]))))
+        tops.append([(int(token), float(getattr(value, "logprob", value))) for token, value in ranked[:k]])
+    return tops
 
 
 def steps_from_output(request_id: int, output: Any, state: OutputState) -> list[Step]:
@@ -209,9 +226,11 @@ def steps_from_output(request_id: int, output: Any, state: OutputState) -> list[
             if not tokens and reason is FinishReason.NOT_FINISHED:
                 continue
             step = Step(request_id, tokens, finish_reason=reason, sequence_index=completion.index)
-            if state.want_log_probs:
+            if state.want_log_probs or state.top_log_probs:
                 step.log_probs = log_probs_of(list(completion.logprobs_diff or []), tokens)
                 step.cum_log_prob = completion.cumulative_logprob
+            if state.top_log_probs:
+                step.top_log_probs = top_log_probs_of(list(completion.logprobs_diff or []), state.top_log_probs)
             logits = getattr(completion, "generation_logits", None)  # cumulative; set only when asked for
             if logits is not None and tokens:
                 step.generation_logits = logits_array(logits)[-len(tokens):][None]  # this step's rows: [beams, tokens, vocab]

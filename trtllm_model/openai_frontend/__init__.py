@@ -7,8 +7,9 @@ translates. The flow of one request:
       -> validate the body (OpenAI's names, 400 naming the field) protocol.py
       -> the model's tokenizer renders the chat template         tokenization.py
       -> token ids to Triton's `tensorrt_llm` over a gRPC stream  triton_pool.py
+         (n choices: n requests of the prompt, the first alone)
       <- new token ids per response: detokenized, cut at stop    text_stream.py
-    <- SSE chunks (or one JSON body), usage counted in tokens
+    <- SSE chunks (or one JSON body), usage counted in tokens    generation.py
 
 The frontend sends token ids and reads token ids, so the chat template of a whole conversation, the usage counts
 and the stop strings are all the tokenizer's, exactly; the model needs no new input for multi-turn chat.

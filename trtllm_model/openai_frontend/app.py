@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import gc
 import logging
@@ -24,11 +25,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .generation import Choice, Generation, gather_all
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from .text_stream import TextStream
 from .tokenization import chat_prompt_ids
 from .tools import ToolCallText, conversation, guide_of, mode, tools_system_text
-from .triton_pool import Delta, ModelInfo, Sampling, TritonGeneration, TritonPool
+from .triton_pool import ModelInfo, Sampling, TritonPool
 
 log = logging.getLogger("trtllm_model.openai")
 access_log = logging.getLogger("trtllm_model.openai.access")
@@ -37,183 +39,19 @@ DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: a 128k-token context as token ids is 
 # Prompts up to this many characters are tokenized on the event loop (at most ~0.3 ms of SmolLM2's encode and chat
 # template on the 2-core machine); longer ones in a worker thread, which costs ~0.09 ms of handoff.
 INLINE_TOKENIZE_CHARS = 1024
-# Tool-call text up to this many characters is parsed on the event loop (linear: well under a millisecond); a longer
-# answer in a worker thread.
-INLINE_TOOL_PARSE_CHARS = 16384
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
-DONE = b"data: [DONE]\n\n"
 
+
+# The most choices (n) a request may ask for where the model's max_batch_size is not known: OpenAI's bound.
+MAX_CHOICES = 128
 
 # The model `--served-model-name` renames: the one that runs the engine.
 SERVED_MODEL = "tensorrt_llm"
 
 
-def _event(payload: dict) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"  # orjson: one C call, where json.dumps builds an encoder
-
-
 def _error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
-
-
-@dataclass(slots=True)
-class Generation:
-    """One request on its way: what the handlers share between the chat and the completions shapes."""
-
-    id: str
-    created: int
-    model: str
-    prompt_tokens: int
-    text: TextStream
-    triton: TritonGeneration
-    chat: bool
-    include_usage: bool
-    continuous_usage: bool = False  # usage in every chunk (vLLM's stream_options.continuous_usage_stats)
-    calls: ToolCallText | None = None  # the answer may hold tool calls
-    first: Delta | None = None  # set once it comes, before the response starts
-
-    def usage(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.text.tokens,
-                "total_tokens": self.prompt_tokens + self.text.tokens,
-                "prompt_tokens_details": {"cached_tokens": min(self.triton.cached_tokens, self.prompt_tokens)}}
-
-    def push(self, delta: Delta) -> str:
-        """The text this delta releases (token ids, or a text model's text)."""
-        if delta.text is not None:
-            return self.text.push_text(delta.text)
-        return self.text.push(delta.token_ids, delta.log_probs)
-
-    async def finish_calls(self) -> tuple[str, list[dict]]:
-        """The held text and the tool calls in it; a long answer parsed off the event loop."""
-        if self.calls.held_chars > INLINE_TOOL_PARSE_CHARS:
-            return await asyncio.to_thread(self.calls.finish)
-        return self.calls.finish()
-
-    def finish_reason(self, delta: Delta, calls: list | None = None) -> str | None:
-        if calls:
-            return "tool_calls"
-        return "stop" if self.text.stopped else delta.finish_reason
-
-    def logprobs(self, start: int, text_offset: int = 0) -> dict | None:
-        """Log probabilities of the tokens counted since `start`, in the endpoint's shape."""
-        if not self.text.with_logprobs:
-            return None
-        entries = self.text.logprobs[start:]
-        if self.chat:
-            return {"content": [{"token": e.token, "bytes": list(e.token.encode()), "logprob": e.logprob,
-                                 "top_logprobs": []} for e in entries], "refusal": None}
-        offsets, position = [], text_offset
-        for entry in entries:
-            offsets.append(position)
-            position += len(entry.token)
-        return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": None, "text_offset": offsets}
-
-    def chunk(self, text: str | None, finish_reason: str | None, logprobs: dict | None, role: bool = False) -> bytes:
-        if self.chat:
-            delta: dict = {"role": "assistant", "content": text or ""} if role else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-            payload = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                       "choices": [choice]}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
-            payload = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                       "choices": [choice]}
-        if self.include_usage:
-            payload["usage"] = self.usage() if self.continuous_usage else None
-        return _event(payload)
-
-    def tool_call_chunks(self, calls: list[dict]) -> list[bytes]:
-        """OpenAI's streamed calls: each call's id and name (arguments ""), then its arguments."""
-        chunks = []
-        for index, call in enumerate(calls):
-            function = call["function"]
-            for delta in ({"index": index, "id": call["id"], "type": "function",
-                           "function": {"name": function["name"], "arguments": ""}},
-                          {"index": index, "function": {"arguments": function["arguments"]}}):
-                payload = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                           "model": self.model,
-                           "choices": [{"index": 0, "delta": {"tool_calls": [delta]}, "logprobs": None,
-                                        "finish_reason": None}]}
-                if self.include_usage:
-                    payload["usage"] = self.usage() if self.continuous_usage else None
-                chunks.append(_event(payload))
-        return chunks
-
-    def usage_chunk(self) -> bytes:
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return _event({"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [],
-                       "usage": self.usage()})
-
-    async def sse(self) -> AsyncIterator[bytes]:
-        """The SSE body: the role first (chat), content as it comes, the finish reason, usage, [DONE]."""
-        counted, offset = 0, 0
-        try:
-            if self.chat:
-                yield self.chunk("", None, None, role=True)
-            delta = self.first
-            while True:
-                text = self.push(delta)
-                end = delta.finish_reason is not None or self.text.stopped
-                if end:
-                    text += self.text.finish()
-                calls: list[dict] = []
-                if self.calls is not None:
-                    text = self.calls.push(text)
-                    if end:
-                        rest, calls = await self.finish_calls()
-                        text += rest
-                logprobs = self.logprobs(counted, offset) if text or end else None
-                if logprobs is not None:
-                    counted, offset = len(self.text.logprobs), offset + len(text)
-                if end:
-                    if text:
-                        yield self.chunk(text, None, logprobs)
-                        logprobs = None
-                    for chunk in self.tool_call_chunks(calls):
-                        yield chunk
-                    yield self.chunk(None, self.finish_reason(delta, calls), logprobs)
-                    break
-                if text:
-                    yield self.chunk(text, None, logprobs)
-                delta = await self.triton.next_delta()
-            if self.include_usage:
-                yield self.usage_chunk()
-            yield DONE
-        except ApiError as error:
-            yield _event(error.body())
-        finally:
-            self.triton.close()  # before the final delta: cancels the Triton request
-
-    async def body(self) -> dict:
-        """The whole response of a non-streamed request (the caller closes the Triton request)."""
-        parts = []
-        delta = self.first
-        while True:
-            parts.append(self.push(delta))
-            if delta.finish_reason is not None or self.text.stopped:
-                parts.append(self.text.finish())
-                break
-            delta = await self.triton.next_delta()
-        text = "".join(parts)
-        calls: list[dict] = []
-        if self.calls is not None:
-            text = self.calls.push(text)
-            rest, calls = await self.finish_calls()
-            text += rest
-        finish = self.finish_reason(delta, calls)
-        if self.chat:
-            message: dict = {"role": "assistant", "content": text or (None if calls else "")}
-            if calls:
-                message["tool_calls"] = calls
-            choice = {"index": 0, "message": message, "logprobs": self.logprobs(0), "finish_reason": finish}
-            kind = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": self.logprobs(0), "finish_reason": finish}
-            kind = "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice],
-                "usage": self.usage()}
 
 
 def _sampling(request: ChatRequest | CompletionRequest, info: ModelInfo, prompt_tokens: int) -> Sampling:
@@ -226,7 +64,7 @@ def _sampling(request: ChatRequest | CompletionRequest, info: ModelInfo, prompt_
         candidates = [n for n in (info.max_output_len, room) if n is not None]
         limit = max(1, min(candidates)) if candidates else 16
     prompt_name = "messages" if isinstance(request, ChatRequest) else "prompt"
-    logprobs = request.logprobs if isinstance(request, ChatRequest) else request.logprobs is not None
+    logprobs, top_logprobs, top_name = _logprobs_asked(request, info)
     guide = guide_of(request) if isinstance(request, ChatRequest) else None
     # The model samples only when top_p or top_k is set (NVIDIA's reading; otherwise greedy), so a request with a
     # temperature above 0 carries top_p (OpenAI's default 1). Without temperature or top_p the model's default
@@ -243,16 +81,44 @@ def _sampling(request: ChatRequest | CompletionRequest, info: ModelInfo, prompt_
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
         stop_words=request.stop_strings(),
-        logprobs=bool(logprobs),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
         min_tokens=min(min_tokens, limit) if min_tokens else None,
         guide_type=guide.type if guide else None,
         guide=guide.guide if guide else None,
         param_names=_PARAM_NAMES[limit_name, prompt_name, guide.param if guide else None,
-                                 "ignore_eos" if request.ignore_eos else "min_tokens"],
+                                 "ignore_eos" if request.ignore_eos else "min_tokens", top_name],
     )
 
 
-def _param_names(limit_name: str, prompt_name: str, guide_name: str | None, min_tokens_name: str) -> dict[str, str]:
+def _logprobs_asked(request: ChatRequest | CompletionRequest, info: ModelInfo) -> tuple[bool, int, str]:
+    """(log probs asked, alternatives per token, the parameter that asks for those). The layout is checked first,
+    so a model that returns no log probabilities says so whichever of the two parameters came."""
+    if isinstance(request, ChatRequest):
+        logprobs, top, top_name = request.logprobs, request.top_logprobs or 0, "top_logprobs"
+    else:
+        logprobs, top, top_name = request.logprobs is not None, request.logprobs or 0, "logprobs"
+    if info.text and (logprobs or top):
+        param = top_name if top else "logprobs"
+        raise ApiError(400, f"{param}: not supported by model {info.name!r}: NVIDIA's LLM API inputs (text_input, "
+                       "sampling_param_*) return no log probabilities; the token-level model (trtllm-triton serve's "
+                       "default layout) returns them", param, "unsupported_parameter")
+    if top and not logprobs:
+        raise ApiError(400, f"{top_name}: requires logprobs=true", top_name, "invalid_value")
+    return logprobs, top, top_name
+
+
+def _check_choices(request: ChatRequest | CompletionRequest, info: ModelInfo) -> None:
+    """n is bounded by the sequences the engine runs at once (its max_batch_size; else OpenAI's 128): the choices
+    are that many requests of the one prompt, which share its cached KV blocks only while they run together."""
+    bound = info.max_batch_size or MAX_CHOICES
+    if request.n > bound:
+        why = "the sequences the model runs at once, its max_batch_size" if info.max_batch_size else "OpenAI's bound"
+        raise ApiError(400, f"n={request.n}: at most {bound} choices per request ({why})", "n", "invalid_value")
+
+
+def _param_names(limit_name: str, prompt_name: str, guide_name: str | None, min_tokens_name: str,
+                 top_name: str) -> dict[str, str]:
     """The model's input names -> the OpenAI parameter a request gave it under."""
     names = {
         "request_output_len": limit_name, "max_tokens": limit_name, "temperature": "temperature",
@@ -260,7 +126,7 @@ def _param_names(limit_name: str, prompt_name: str, guide_name: str | None, min_
         "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
         "stop_words": "stop", "input_ids": prompt_name, "input": prompt_name, "min_tokens": min_tokens_name,
         "logprobs": "logprobs", "text_input": prompt_name, "sampling_param_max_tokens": limit_name,
-        "sampling_param_stop": "stop", "sampling_param_seed": "seed",
+        "sampling_param_stop": "stop", "sampling_param_seed": "seed", "num_top_log_probs": top_name,
     }
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):  # NVIDIA's LLM API names
         names[f"sampling_param_{name}"] = name
@@ -269,9 +135,10 @@ def _param_names(limit_name: str, prompt_name: str, guide_name: str | None, min_
     return names
 
 
-_PARAM_NAMES = {(limit, prompt, guide, min_tokens): _param_names(limit, prompt, guide, min_tokens)
+_PARAM_NAMES = {(limit, prompt, guide, min_tokens, top): _param_names(limit, prompt, guide, min_tokens, top)
                 for limit in ("max_tokens", "max_completion_tokens") for prompt in ("messages", "prompt")
-                for guide in (None, "response_format", "tools") for min_tokens in ("min_tokens", "ignore_eos")}
+                for guide in (None, "response_format", "tools") for min_tokens in ("min_tokens", "ignore_eos")
+                for top in ("top_logprobs", "logprobs")}
 
 
 def _chat_ids(tokenizer, conversation: list[dict], tools: list[dict] | None, tools_text: str) -> list[int]:
@@ -305,6 +172,14 @@ async def prompt_ids(request: ChatRequest | CompletionRequest, info: ModelInfo) 
     if chars <= INLINE_TOKENIZE_CHARS:
         return encode()
     return await asyncio.to_thread(encode)
+
+
+def _choice_sampling(sampling: Sampling, index: int) -> Sampling:
+    """Choice `index`'s sampling: a seed given, each choice draws from its own (seed + index, as vLLM's n), so the
+    choices differ and the request repeats exactly."""
+    if index == 0 or sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=(sampling.seed + index) % 2**64)
 
 
 COMPLETION_ROUTES = {"/v1/chat/completions": (ChatRequest, "chatcmpl"), "/v1/completions": (CompletionRequest, "cmpl")}
@@ -474,37 +349,53 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
                        prefix: str) -> Response | SseResponse:
         request = parse_body(await request_body(scope, receive, max_body_bytes), kind)
         info = await served_model(request.model)
+        _check_choices(request, info)
         input_ids = await prompt_ids(request, info)
         sampling = _sampling(request, info, len(input_ids))
-        triton = await pool.send(info, input_ids, sampling)
-        # Made while the model works on the request, not after its first token.
         generation = Generation(
             id=f"{prefix}-{uuid.uuid4().hex}",
             created=int(time.time()),
             model=request.model,
             prompt_tokens=len(input_ids),
-            text=TextStream(info.tokenizer, sampling.stop_words, sampling.logprobs),
-            triton=triton,
             chat=kind is ChatRequest,
             include_usage=request.include_usage,
             continuous_usage=request.continuous_usage,
+            top_logprobs=sampling.top_logprobs,
         )
         record.generation = generation
-        if kind is ChatRequest and mode(request) != "none":
-            generation.calls = ToolCallText(forced=mode(request) == "forced", parallel=request.parallel_tool_calls)
+        calls = kind is ChatRequest and mode(request) != "none"
+
+        async def send(index: int) -> Choice:
+            """Choice `index`'s request, sent; made while the model works on it, not after its first token."""
+            choice = Choice(index, TextStream(info.tokenizer, sampling.stop_words, sampling.logprobs),
+                            await pool.send(info, input_ids, _choice_sampling(sampling, index)))
+            generation.choices.append(choice)
+            if calls:
+                choice.calls = ToolCallText(forced=mode(request) == "forced", parallel=request.parallel_tool_calls)
+            return choice
+
+        async def start() -> None:
+            """Every choice's first delta. The first choice goes alone: once its first token is out, the prompt's
+            full KV blocks are in the engine's prefix cache, and the other choices' prefills find them there."""
+            first = await send(0)
+            first.first = await first.triton.next_delta()
+            others = [await send(index) for index in range(1, request.n)]
+            for choice, delta in zip(others, await gather_all(c.triton.next_delta() for c in others), strict=True):
+                choice.first = delta
+
         try:
             # Triton's refusals raise here, before any status is sent. A client that goes away meanwhile (queued
-            # behind a busy engine) cancels its request, which so leaves the engine's queue.
-            generation.first = await until_disconnected(receive, triton.next_delta())
+            # behind a busy engine) cancels its requests, which so leave the engine's queue.
+            await until_disconnected(receive, start())
         except BaseException:
-            triton.close()
+            generation.close()
             raise
         if request.stream:
             return SseResponse(generation.sse())
         try:
             return JSONResponse(await until_disconnected(receive, generation.body()))
         finally:
-            triton.close()  # also when the client left before body() even started
+            generation.close()  # also when the client left before body() even started
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -577,7 +468,8 @@ class AccessRecord:
     def log(self, scope) -> None:
         tokens = ""
         if self.generation is not None:
-            tokens = f" prompt_tokens={self.generation.prompt_tokens} completion_tokens={self.generation.text.tokens}"
+            tokens = (f" prompt_tokens={self.generation.prompt_tokens} "
+                      f"completion_tokens={self.generation.completion_tokens}")
         access_log.info("%s %s %d%s%s %.3fs", scope["method"], scope["path"], self.status,
                         f" {self.reason}" if self.reason else "", tokens, time.perf_counter() - self.started)
 

@@ -2,7 +2,7 @@
 
 Field names follow OpenAI's API reference for /v1/chat/completions and /v1/completions, plus vLLM's `ignore_eos`
 and `min_tokens` (benchmark clients send them). `response_format` and `tools` become a guide for the model
-(tools.py). Fields that would change what the model does but that we cannot honour (logit_bias, n > 1, ...) are
+(tools.py). Fields that would change what the model does but that we cannot honour (logit_bias, echo, ...) are
 refused with a 400 naming them; fields that only describe the caller (`user`, `metadata`, ...) are ignored.
 """
 
@@ -63,7 +63,7 @@ class _Sampling(_Body):
     stop: str | list[str] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    n: int = 1
+    n: Annotated[int, Field(ge=1, le=INT32_MAX)] = 1  # choices: bounded by the model (app._check_choices)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored
@@ -85,8 +85,6 @@ class _Sampling(_Body):
         return list(self.stop or [])
 
     def check_supported(self) -> None:
-        if self.n != 1:
-            raise ApiError(400, f"n={self.n}: only n=1 is supported", "n", "unsupported_value")
         if self.logit_bias:
             raise ApiError(400, "logit_bias: not supported", "logit_bias", "unsupported_parameter")
         if self.stream_options is not None and not self.stream:
@@ -196,11 +194,6 @@ class ChatRequest(_Sampling):
         ):
             raise ApiError(400, "response_format: give it or a tool_choice that calls tools, not both",
                            "response_format", "invalid_value")
-        if self.top_logprobs and not self.logprobs:
-            raise ApiError(400, "top_logprobs: requires logprobs=true", "top_logprobs", "invalid_value")
-        if self.top_logprobs:
-            raise ApiError(400, "top_logprobs: the engine returns only the sampled token's log probability; "
-                           "use logprobs=true with top_logprobs=0", "top_logprobs", "unsupported_value")
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise ApiError(400, "max_tokens and max_completion_tokens: give one of them", "max_tokens", "invalid_value")
 
@@ -212,20 +205,18 @@ class ChatRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # the likeliest tokens' too (OpenAI: 5, vLLM: 20)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs:
-            raise ApiError(400, f"logprobs={self.logprobs}: the engine returns only the sampled token's log "
-                           "probability; use logprobs=0", "logprobs", "unsupported_value")
         if self.echo:
             raise ApiError(400, "echo: not supported", "echo", "unsupported_parameter")
-        if self.best_of not in (None, 1):
-            raise ApiError(400, f"best_of={self.best_of}: only 1 is supported", "best_of", "unsupported_value")
+        if self.best_of not in (None, self.n):  # ranking more sequences than are returned: not done here
+            raise ApiError(400, f"best_of={self.best_of}: only best_of equal to n ({self.n}) is supported", "best_of",
+                           "unsupported_value")
         if self.suffix:
             raise ApiError(400, "suffix: not supported", "suffix", "unsupported_parameter")
 

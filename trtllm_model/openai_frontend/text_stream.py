@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..detokenizer import IncrementalDetokenizer
 from ..executor_interface import Tokenizer
+from ..pipeline.detokenizer import IncrementalDetokenizer
 
 
 @dataclass(slots=True)
 class TokenLogprob:
     token: str
     logprob: float
+    top: list[tuple[str, float]] | None = None  # the likeliest tokens at its position, when asked for
 
 
 class StopMatcher:
@@ -63,16 +64,19 @@ class TextStream:
         self.stopped = False  # a stop string ended the text
         self._text_so_far: list[str] = []  # a text model's pieces, for the final token count
 
-    def push(self, token_ids: list[int], log_probs: list[float] | None = None) -> str:
-        """The text these tokens release (may be empty)."""
+    def push(self, token_ids: list[int], log_probs: list[float] | None = None,
+             top: list[list[tuple[int, float]]] | None = None) -> str:
+        """The text these tokens release (may be empty); `top`: each token's likeliest alternatives (token id, log
+        prob)."""
         if self.stopped:
             return ""
         if not self._stops:
-            self._count(token_ids, log_probs)
+            self._count(token_ids, log_probs, top)
             return self._detokenizer.push(token_ids)
         released = []
         for index, token in enumerate(token_ids):
-            self._count([token], log_probs[index : index + 1] if log_probs else None)
+            self._count([token], log_probs[index : index + 1] if log_probs else None,
+                        top[index : index + 1] if top else None)
             released.append(self._release(self._detokenizer.push([token])))
             if self.stopped:
                 break
@@ -100,13 +104,19 @@ class TextStream:
             text, self._held = text + self._held, ""
         return text
 
-    def _count(self, token_ids: list[int], log_probs: list[float] | None) -> None:
+    def _count(self, token_ids: list[int], log_probs: list[float] | None,
+               top: list[list[tuple[int, float]]] | None = None) -> None:
         self.tokens += len(token_ids)
         if self.with_logprobs:
             values = list(log_probs or [])
+            decode = self._tokenizer.decode
             for index, token in enumerate(token_ids):
-                text = self._tokenizer.decode([token], skip_special_tokens=False)
-                self.logprobs.append(TokenLogprob(text, values[index] if index < len(values) else float("nan")))
+                text = decode([token], skip_special_tokens=False)
+                alternatives = None
+                if top is not None and index < len(top):
+                    alternatives = [(decode([i], skip_special_tokens=False), v) for i, v in top[index]]
+                self.logprobs.append(TokenLogprob(text, values[index] if index < len(values) else float("nan"),
+                                                  alternatives))
 
     def _release(self, new: str) -> str:
         """The text that `new` (what follows the held text) lets go: up to a stop string that ends in it, or all but

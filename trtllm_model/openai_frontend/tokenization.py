@@ -8,8 +8,8 @@ theirs: the synthetic executor's byte tokenizer, the embedded SmolLM2's, or `tok
 
 from __future__ import annotations
 
-from ..detokenizer import chat_prompt_ids as template_prompt_ids
 from ..executor_interface import Tokenizer
+from ..pipeline.detokenizer import chat_prompt_ids as template_prompt_ids
 
 # Tokenizers without a chat template (the synthetic executor's) get this plain rendering.
 PLAIN_ROLE_LINE = "{role}: {content}\n"

@@ -61,6 +61,7 @@ class ModelInfo:
     batched: bool = False  # max_batch_size > 0: every tensor has a leading batch dimension of 1
     tokens_per_block: int = EMBEDDED_TOKENS_PER_BLOCK  # to count reused KV blocks as cached prompt tokens
     executor: str = "transformers"  # the engine behind it (for /version)
+    max_batch_size: int | None = None  # the sequences the engine runs at once, where its parameters say
     created: int = field(default_factory=lambda: int(time.time()))
     request_template: service_pb2.ModelInferRequest = field(init=False)  # what every request to it starts from
 
@@ -78,6 +79,7 @@ class Sampling:
     frequency_penalty: float | None = None
     stop_words: list[str] = field(default_factory=list)
     logprobs: bool = False
+    top_logprobs: int = 0  # the likeliest tokens returned at each position (the embedded engine's num_top_log_probs)
     min_tokens: int | None = None
     guide_type: str | None = None  # NVIDIA's guided_decoding_guide_type / guided_decoding_guide
     guide: str | None = None
@@ -91,6 +93,7 @@ class Delta:
     log_probs: list[float] | None
     finish_reason: str | None  # OpenAI's, on the last delta only
     text: str | None = None  # a text model's new text (token_ids then empty)
+    top_log_probs: list[list[tuple[int, float]]] | None = None  # per token: the likeliest (id, log prob), best first
 
 
 def _add_input(request: service_pb2.ModelInferRequest, name: str, datatype: str, shape: list[int], raw: bytes) -> None:
@@ -153,8 +156,8 @@ def _bytes_tensor(texts: list[str]) -> bytes:
 def text_generation_request(request_id: str, info: ModelInfo, prompt: str,
                             sampling: Sampling) -> service_pb2.ModelInferRequest:
     """The LLM API model's inputs (text_input, sampling_param_*) for one generation."""
-    unsupported = (("logprobs", sampling.logprobs), ("min_tokens", sampling.min_tokens),
-                   ("guided_decoding_guide_type", sampling.guide_type))
+    # (log probs are refused before, with the layout named: app._sampling)
+    unsupported = (("min_tokens", sampling.min_tokens), ("guided_decoding_guide_type", sampling.guide_type))
     for name, value in unsupported:
         if value:
             param = sampling.param_names.get(name, name)
@@ -208,13 +211,25 @@ def generation_request(request_id: str, info: ModelInfo, input_ids: list[int],
     if sampling.logprobs:
         _add_input(request, "return_log_probs", "BOOL", [1, 1], _TRUE)
         request.outputs.add(name="output_log_probs")
+    if sampling.top_logprobs:
+        if "num_top_log_probs" not in info.inputs or info.executor == "trtllm_engine":
+            # TensorRT-LLM's executor API returns only the sampled token's log prob (OutputConfig has no top-k).
+            param = sampling.param_names.get("num_top_log_probs", "top_logprobs")
+            raise ApiError(400, f"{param}={sampling.top_logprobs}: model {info.name!r} (executor {info.executor}) "
+                           "returns only the sampled token's log probability; the embedded engine and TensorRT-LLM's "
+                           "LLM API (executor trtllm_llmapi) return the likeliest tokens' too", param,
+                           "unsupported_value")
+        _add_input(request, "num_top_log_probs", "INT32", [1, 1], struct.pack("<i", sampling.top_logprobs))
+        request.outputs.add(name="output_top_log_prob_ids")
+        request.outputs.add(name="output_top_log_probs")
     return request
 
 
-def response_delta(response: service_pb2.ModelInferResponse, final: bool) -> Delta:
-    """New tokens (and log probs, finish reason) of one response; any output shape, read flat. A final response
-    without a finish reason says "stop" (the caller knows better when the length ran out)."""
-    ids, log_probs, reason = [], None, None
+def response_delta(response: service_pb2.ModelInferResponse, final: bool, top_logprobs: int = 0) -> Delta:
+    """New tokens (and log probs, the likeliest tokens' with `top_logprobs`, finish reason) of one response; any
+    output shape, read flat. A final response without a finish reason says "stop" (the caller knows better when
+    the length ran out)."""
+    ids, log_probs, reason, top_ids, top_values = [], None, None, None, None
     for index, output in enumerate(response.outputs):
         raw = response.raw_output_contents[index]
         if output.name == "output_ids":
@@ -223,8 +238,17 @@ def response_delta(response: service_pb2.ModelInferResponse, final: bool) -> Del
             log_probs = array("f", raw).tolist()
         elif output.name == "finish_reason" and len(raw) >= 4:
             reason = _first_string(raw)
+        elif output.name == "output_top_log_prob_ids":
+            top_ids = array("i", raw).tolist()
+        elif output.name == "output_top_log_probs":
+            top_values = array("f", raw).tolist()
     finish = FINISH_REASONS.get(reason or "", "stop") if final else None
-    return Delta(ids, log_probs, finish)
+    top = None
+    if top_logprobs and top_ids is not None and top_values is not None:
+        # [1, 1, tokens, k], read flat: k a token; a position short of k allowed tokens is padded with id -1.
+        top = [[(i, v) for i, v in zip(top_ids[start : start + top_logprobs], top_values[start : start + top_logprobs])
+                if i >= 0] for start in range(0, len(top_ids), top_logprobs)]
+    return Delta(ids, log_probs, finish, top_log_probs=top)
 
 
 def _first_string(raw: bytes) -> str:
@@ -388,6 +412,7 @@ class TritonPool:
             raise ApiError(503, f"model {name}: no tokenizer known (set its tokenizer_dir parameter)", None,
                            "no_tokenizer")
         max_output = parameters.get("max_output_len")
+        batch = parameters.get("max_batch_size")
         block = parameters.get("tokens_per_block")
         executor = executor or parameters.get("executor") or "transformers"
         default_block = EMBEDDED_TOKENS_PER_BLOCK if executor in ("transformers", "synthetic") else TRTLLM_TOKENS_PER_BLOCK
@@ -396,7 +421,8 @@ class TritonPool:
                          decoupled=config.get("model_transaction_policy", {}).get("decoupled", False),
                          batched=int(config.get("max_batch_size", 0) or 0) > 0,
                          tokens_per_block=int(block) if block else default_block,
-                         outputs=frozenset(o["name"] for o in config.get("output", [])), executor=executor)
+                         outputs=frozenset(o["name"] for o in config.get("output", [])), executor=executor,
+                         max_batch_size=int(batch) if str(batch or "").isdigit() and int(batch) > 0 else None)
 
     async def server_version(self) -> str:
         """Triton's version, as its server metadata says."""
@@ -486,7 +512,7 @@ class TritonGeneration:
             self.cached_tokens = blocks * self._info.tokens_per_block
         if self._info.text:
             return self._text_delta(response, final)
-        delta = response_delta(response, final)
+        delta = response_delta(response, final, self._sampling.top_logprobs)
         self._generated += len(delta.token_ids)
         if final and not _has_output(response, "finish_reason"):
             delta.finish_reason = "length" if self._generated >= self._sampling.max_tokens else "stop"

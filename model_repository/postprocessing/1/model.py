@@ -1,2 +1,2 @@
 # Thin entry point: NVIDIA's `postprocessing` model; the code lives in the trtllm_model package.
-from trtllm_model.postprocessing_model import TritonPythonModel  # noqa: F401
+from trtllm_model.triton.postprocessing_model import TritonPythonModel  # noqa: F401

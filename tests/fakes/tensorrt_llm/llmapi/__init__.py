@@ -28,6 +28,16 @@ if TYPE_CHECKING:
 from .._engine import FakeEngine, Job, Update, fake_log_prob
 
 
+def _logprob_entry(token: int, count: int) -> dict:
+    """The PyTorch backend's entry for one generated token with SamplingParams.logprobs=count: the `count` likeliest
+    tokens (ranks 1..count) and the sampled one. The fake's: the sampled token is the likeliest, the ids after it
+    follow, each 1 less likely."""
+    entry = {token: Logprob(fake_log_prob(token), 1)}
+    for rank in range(2, count + 1):
+        entry.setdefault(token + rank - 1, Logprob(fake_log_prob(token) - (rank - 1), rank))
+    return entry
+
+
 class RequestError(RuntimeError):
     """Raised from iterating a RequestOutput whose request failed in the engine."""
 
@@ -171,7 +181,7 @@ class RequestOutput:
                 output.token_ids_diff = list(new)
                 output.token_ids = output.token_ids + list(new)
             if self._params.logprobs:
-                output.logprobs_diff = [{t: Logprob(fake_log_prob(t), 1)} for t in output.token_ids_diff]
+                output.logprobs_diff = [_logprob_entry(t, self._params.logprobs) for t in output.token_ids_diff]
                 output.logprobs = output.logprobs + output.logprobs_diff
                 output.cumulative_logprob = sum(fake_log_prob(t) for t in output.token_ids)
             if self._params.return_generation_logits and output.token_ids:

@@ -14,8 +14,8 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from ..params import ConfigError, Params, parameters_from_model_config
 from . import bls_forwarding
-from .params import ConfigError, Params, parameters_from_model_config
 
 PARAMETERS = ("accumulate_tokens", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name", "multimodal_encoders_name")
 

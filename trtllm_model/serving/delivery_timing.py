@@ -27,7 +27,7 @@ PHASES = ("receive", "route", "queue_lock", "request_lock", "detokenize", "tenso
           "send")
 EXECUTE_KEYS = ("execute_calls", "execute_requests", "execute_ns", "execute_cpu_ns")
 
-log = logging.getLogger("trtllm_model.delivery_timing")
+log = logging.getLogger("trtllm_model.serving.delivery_timing")
 
 
 class PhaseTimes:

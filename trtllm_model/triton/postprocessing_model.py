@@ -14,9 +14,9 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from ..params import Params, parameters_from_model_config
+from ..serving.request_context import ErrorCode
 from . import text_pipeline
-from .params import Params, parameters_from_model_config
-from .request_context import ErrorCode
 from .triton_io import request_tensors, triton_error
 
 

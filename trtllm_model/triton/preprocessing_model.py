@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from ..params import ConfigError, Params, parameters_from_model_config
+from ..serving.request_context import ErrorCode
 from . import text_pipeline
-from .params import ConfigError, Params, parameters_from_model_config
-from .request_context import ErrorCode
 from .triton_io import request_tensors, triton_error
 
 PARAMETERS = ("tokenizer_dir", "add_special_tokens", "multimodal_model_path", "gpt_model_path", "max_num_images")

@@ -13,7 +13,7 @@ The window restarts at the last token whenever everything is sent, so a push cos
 
 from __future__ import annotations
 
-from .executor_interface import Tokenizer
+from ..executor_interface import Tokenizer
 from .text_encoding import encode_text
 
 REPLACEMENT_CHAR = "\ufffd"

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
+from ..executor_interface import Executor, ExecutorError, FinishReason, QueueFull, RequestRejected, Step
 from .dispatch import Dispatcher
-from .executor_interface import Executor, ExecutorError, FinishReason, QueueFull, RequestRejected, Step
 from .request_context import ErrorCode, RequestContext, RequestState
 from .responses import ErrorReply, ResponseAssembler
 from .row_admission import BatchedRowGate

@@ -20,22 +20,22 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from .build_limits import request_limits
-from .conventions import llmapi
-from .conventions.common import InvalidInput, Limits, ParsedRequest, check_request_prompts_size
-from .conventions.inflight_batcher import parameters_dict, request_parser, split_batch
-from .conventions.parsing import RequestParser, parse_together
-from .executors import DEFAULT_EXECUTOR, create_executor
-from .executors.synthetic import SyntheticExecutor
+from ..conventions import llmapi
+from ..conventions.common import InvalidInput, Limits, ParsedRequest, check_request_prompts_size
+from ..conventions.inflight_batcher import parameters_dict, request_parser, split_batch
+from ..conventions.parsing import RequestParser, parse_together
+from ..executors import DEFAULT_EXECUTOR, create_executor
+from ..executors.synthetic import SyntheticExecutor
+from ..model_yaml import LlmApiConfig, embedded_parameters, model_yaml_path, read_model_yaml
+from ..params import Params, parameters_from_model_config
+from ..pipeline.build_limits import request_limits
+from ..process_watch import exit_when_ended
+from ..server import EXECUTOR_OVERRIDE_ENV
+from ..serving.metrics import MetricsReporter
+from ..serving.poller import Poller
+from ..serving.request_context import BatchStream, ErrorCode, RequestContext
+from ..serving.row_admission import default_limit as default_batched_rows_limit
 from .instances import instance_of, pinned_parameters
-from .metrics import MetricsReporter
-from .model_yaml import LlmApiConfig, embedded_parameters, model_yaml_path, read_model_yaml
-from .params import Params, parameters_from_model_config
-from .poller import Poller
-from .process_watch import exit_when_ended
-from .request_context import BatchStream, ErrorCode, RequestContext
-from .row_admission import default_limit as default_batched_rows_limit
-from .server import EXECUTOR_OVERRIDE_ENV
 from .triton_io import TritonMetricBackend, TritonStream, request_parameters_json, request_tensors, unload_check
 
 log = logging.getLogger("trtllm_model")
@@ -255,7 +255,7 @@ class TritonPythonModel:
         tokenizer = self.tokenizer
 
         def new_detokenizer():
-            from .detokenizer import IncrementalDetokenizer
+            from ..pipeline.detokenizer import IncrementalDetokenizer
 
             return IncrementalDetokenizer(tokenizer)
 
@@ -267,7 +267,7 @@ class TritonPythonModel:
         tokenizer = self.tokenizer
 
         def chat_prompt_of(text: str) -> str:
-            from .detokenizer import chat_prompt_text
+            from ..pipeline.detokenizer import chat_prompt_text
 
             return chat_prompt_text(tokenizer, [{"role": "user", "content": text}])
 
@@ -295,7 +295,7 @@ def _llmapi_executor(config: LlmApiConfig, raw_params: dict[str, str], override:
     engine (`executor: transformers`); `serve --executor` overrides it."""
     name = override or config.executor
     if name == "trtllm_llmapi":
-        from .executors.trtllm_llmapi import create_from_model_yaml
+        from ..executors.trtllm_llmapi import create_from_model_yaml
 
         return create_from_model_yaml(config, raw_params)
     embedded, ignored = embedded_parameters(config)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .conventions.common import ResponseContent
-from .conventions.inflight_batcher import response_outputs  # the default convention's outputs
+from ..conventions.common import ResponseContent
+from ..conventions.inflight_batcher import response_outputs  # the default convention's outputs
+from ..executor_interface import FinishReason, Step
 from .delivery_timing import PhaseTimes
-from .executor_interface import FinishReason, Step
 from .request_context import ErrorCode, RequestContext
 
 
@@ -60,6 +60,7 @@ class ResponseAssembler:
         new_tokens = list(steps[0].token_ids) if len(steps) == 1 else [t for s in steps for t in s.token_ids]
         times.tokens += len(new_tokens)
         new_log_probs = [p for s in steps for p in (s.log_probs or [])]
+        new_tops = [top for s in steps for top in (s.top_log_probs or [])] if ctx.parsed.generation.num_top_log_probs else []
         new_logits = [s.generation_logits for s in steps if s.generation_logits is not None]
         if last.beams is not None and new_logits:
             new_logits = new_logits[-1:]  # with beams each step carries every beam in full so far, logits too
@@ -84,6 +85,7 @@ class ResponseAssembler:
         if not generation.streaming:
             ctx.output_ids.extend(new_tokens)
             ctx.generation_logits.extend(new_logits)
+            ctx.top_log_probs.extend(new_tops)
 
         if failed is not None:
             ctx.finish_reason = "error"
@@ -102,7 +104,8 @@ class ResponseAssembler:
             # A final response always carries outputs (empty if nothing is new): tritonclient hands a flag-only
             # final to no callback, so a client would never see its request end.
             if new_tokens or last.beams is not None or text or final:
-                outputs = self._outputs(ctx, new_tokens, text, new_log_probs, last, new_logits, final=final)
+                outputs = self._outputs(ctx, new_tokens, text, new_log_probs, last, new_logits, final=final,
+                                        top_log_probs=new_tops)
                 times.add("tensors", started)
                 if client_cancelled:
                     if new_tokens or text:
@@ -121,7 +124,8 @@ class ResponseAssembler:
         text = None
         if ctx.parsed.text_mode and last.beams is None:
             text = self._text_delta(ctx, tokens, True)
-        outputs = self._outputs(ctx, tokens, text, ctx.log_probs, last, ctx.generation_logits, final=True, prompt=prompt)
+        outputs = self._outputs(ctx, tokens, text, ctx.log_probs, last, ctx.generation_logits, final=True, prompt=prompt,
+                                top_log_probs=ctx.top_log_probs)
         return [Reply(outputs, final=True)]
 
     def _outputs(
@@ -134,6 +138,7 @@ class ResponseAssembler:
         generation_logits: list,
         final: bool,
         prompt: list[int] | None = None,
+        top_log_probs: list[list[tuple[int, float]]] | None = None,
     ) -> dict:
         if last.beams is not None:  # every beam in full so far
             beams = [(prompt or []) + beam for beam in last.beams]
@@ -154,6 +159,7 @@ class ResponseAssembler:
             texts=texts,
             log_probs=beam_log_probs,
             cum_log_probs=cum,
+            top_log_probs=top_log_probs,
             finish_reason=ctx.finish_reason,
             num_output_tokens=ctx.num_output_tokens,
             sequence_index=last.sequence_index,

@@ -1,11 +1,12 @@
 """How many rows of batched requests the executor holds at once: a bounded share of its batch slots.
 
-A Triton request may carry many rows (NVIDIA's batch of prompts, up to `max_batch_size`), and `ensemble` passes its
-client's cancellation on seconds late (Triton 2.51). Without a bound, one such request takes every batch slot and a
-client that opens and cancels them in a loop holds everybody else's requests behind rows nobody reads. So rows of
-batched requests share at most `limit` executor slots between them; the others wait here, are handed out one per
-request in turn (two batched clients progress together), and end at once when their request is cancelled, never
-reaching the executor. Single-row requests never wait here: the other slots stay theirs.
+A Triton request may carry many rows (NVIDIA's batch of prompts, up to `max_batch_size`), and `ensemble` never
+passes its client's cancellation on (Triton's ensemble scheduler gives it only to steps it starts later). Without a
+bound, one such request takes every batch slot and a client that opens and cancels them in a loop holds everybody
+else's requests behind rows nobody reads. So rows of batched requests share at most `limit` executor slots between
+them; the others wait here, are handed out one per request in turn (two batched clients progress together), and end
+at once when their request is cancelled, never reaching the executor. Single-row requests never wait here: the other
+slots stay theirs.
 
 Pure bookkeeping under the poller's lock; the poller enqueues what `take_ready` hands out.
 """

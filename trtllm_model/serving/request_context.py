@@ -10,7 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .conventions.common import ParsedRequest
+from ..conventions.common import ParsedRequest
 
 
 class ErrorCode(enum.Enum):
@@ -55,6 +55,7 @@ class RequestContext:
     # Accumulated output (whole output for non-streaming responses; counts for everyone).
     output_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    top_log_probs: list[list[tuple[int, float]]] = field(default_factory=list)  # with num_top_log_probs
     cum_log_prob: float | None = None
     num_output_tokens: int = 0
     finish_reason: str | None = None

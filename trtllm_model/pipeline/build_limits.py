@@ -6,8 +6,8 @@ naming both values. A limit config.pbtxt leaves unset is the engine's own.
 
 from __future__ import annotations
 
-from .executor_interface import BuildLimits
-from .params import ConfigError, Params
+from ..executor_interface import BuildLimits
+from ..params import ConfigError, Params
 
 # config.pbtxt parameter -> the build limit it may not exceed.
 BOUNDED_PARAMETERS = {

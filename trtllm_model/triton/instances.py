@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .params import ConfigError, Params
+from ..params import ConfigError, Params
 
 log = logging.getLogger(__name__)
 

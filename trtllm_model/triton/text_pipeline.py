@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .conventions.common import InvalidInput, Limits, check_prompt_size, check_word_texts
-from .executor_interface import Tokenizer
-from .params import ConfigError, Params
-from .server import EXECUTOR_OVERRIDE_ENV
+from ..conventions.common import InvalidInput, Limits, check_prompt_size, check_word_texts
+from ..executor_interface import Tokenizer
+from ..params import ConfigError, Params
+from ..server import EXECUTOR_OVERRIDE_ENV
 
 TARGET_MODEL = "tensorrt_llm"
 _PARAMETER = re.compile(r'parameters:?\s*\{\s*key:\s*"(\w+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}')
@@ -50,10 +50,10 @@ def repository_tokenizer(own_parameters: Mapping[str, str], repository: Path) ->
     params = Params(llm, accepted=llm.keys())
     executor = os.environ.get(EXECUTOR_OVERRIDE_ENV) or params.str("executor", "transformers")
     if executor == "synthetic":
-        from .executors.synthetic import SyntheticTokenizer
+        from ..executors.synthetic import SyntheticTokenizer
 
         return SyntheticTokenizer()
-    from .embedded.model_loading import load_tokenizer
+    from ..embedded.model_loading import load_tokenizer
 
     source = params.str("tokenizer_dir") or params.str("model_dir") or params.str("hf_model_path")
     if not source and executor != "transformers":  # only the embedded engine has a tokenizer of its own

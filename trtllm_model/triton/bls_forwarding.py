@@ -33,8 +33,8 @@ from collections import deque
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from ..serving.watches import StreamWatch
 from .triton_io import FORWARDED_ID_PREFIX, unload_check
-from .watches import StreamWatch
 
 log = logging.getLogger("trtllm_model.bls")
 

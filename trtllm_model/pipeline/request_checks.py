@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
-from .executor_interface import Executor, GenerationRequest, QueueFull, RequestRejected, Step
+from ..executor_interface import Executor, GenerationRequest, QueueFull, RequestRejected, Step
 
 INT32_MAX = 2**31 - 1
 # TensorRT-LLM takes allotted_time_ms as a timedelta, which ends here.

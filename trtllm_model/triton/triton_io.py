@@ -10,9 +10,9 @@ from collections.abc import Callable
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from . import watches
-from .request_context import ErrorCode
-from .server import READY_URL_ENV
+from ..server import READY_URL_ENV
+from ..serving import watches
+from ..serving.request_context import ErrorCode
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Request ids the `tensorrt_llm_bls` model gives the requests it forwards here (see send_error).

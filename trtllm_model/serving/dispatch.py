@@ -29,8 +29,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from ..executor_interface import Executor, Step
 from .delivery_timing import DeliveryTiming, PhaseTimes
-from .executor_interface import Executor, Step
 from .request_context import ErrorCode, RequestContext, RequestState
 from .responses import ErrorReply, Message, Reply, ResponseAssembler
 

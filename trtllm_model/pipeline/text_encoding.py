@@ -12,7 +12,7 @@ given back once for the batch. Tokenizing was a fifth of `execute()`'s interpret
 
 from __future__ import annotations
 
-from .executor_interface import Tokenizer
+from ..executor_interface import Tokenizer
 
 
 def encode_text(tokenizer: Tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -13,10 +13,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from .instances import parse_gpu_device_ids
-from .params import ConfigError, Params
+from ..params import ConfigError, Params
+from ..triton.instances import parse_gpu_device_ids
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TEMPLATES = PACKAGE_ROOT / "templates"
 DEFAULT_ENSEMBLE = PACKAGE_ROOT / "model_repository" / "ensemble"
 LLMAPI_REPOSITORY = PACKAGE_ROOT / "model_repository_llmapi"
@@ -30,7 +30,7 @@ TOKENIZER_MODELS = ("preprocessing", "postprocessing")
 ONE_RESPONSE_MODELS = ("preprocessing", "postprocessing")
 MODEL_PY = (
     "# Thin entry point: Triton loads this file; the model lives in the trtllm_model package.\n"
-    "from trtllm_model.model import TritonPythonModel  # noqa: F401\n"
+    "from trtllm_model.triton.model import TritonPythonModel  # noqa: F401\n"
 )
 
 TEMPLATES = {"trtllm_engine": "tensorrt_llm_engine", "trtllm_llmapi": "tensorrt_llm_llmapi"}
@@ -282,7 +282,7 @@ def write_llmapi_repository(
     `--set key=value` written into model.yaml (values read as YAML; `triton_config.key` for that section)."""
     import yaml
 
-    from .model_yaml import read_model_yaml
+    from ..model_yaml import read_model_yaml
 
     values = parse_assignments(assignments)
     if decoupled is not None and values.setdefault("triton_config.decoupled", decoupled) != decoupled:

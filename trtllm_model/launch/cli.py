@@ -17,10 +17,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from . import package_version
-from .http_guard import HttpGuard, Route
-from .process_watch import LostStubWatch, end_process_group
-from .server import (
+from .. import package_version
+from ..process_watch import LostStubWatch, end_process_group
+from ..server import (
     ADMIN_HEADER,
     ADMIN_KEY_ENV,
     CPU_HOST_NOISE,
@@ -40,6 +39,7 @@ from .server import (
     set_thread_stack_limit,
     wait_until_ready,
 )
+from .http_guard import HttpGuard, Route
 
 LLMAPI_REPOSITORY = DEFAULT_REPOSITORY.parent / "model_repository_llmapi"
 # Time for a signal sent to the whole process group to reach tritonserver as well (see stop_gracefully).
@@ -212,7 +212,7 @@ def _stop_with_parent() -> None:
 def start_openai_frontend(options: ServerOptions, connect_host: str, port: int, access_log: bool = True,
                           served_model_name: str | None = None) -> subprocess.Popen:
     """`trtllm-triton openai` against this server's gRPC port, bound to the server's --host."""
-    command = [sys.executable, "-m", "trtllm_model.cli", "openai", f"--triton-url={connect_host}:{options.grpc_port}",
+    command = [sys.executable, "-m", "trtllm_model.launch.cli", "openai", f"--triton-url={connect_host}:{options.grpc_port}",
                f"--host={options.host}", f"--port={port}"]
     if options.executor:
         command.append(f"--executor={options.executor}")  # the frontend loads the tokenizer of the executor in use
@@ -316,8 +316,8 @@ def repository_copy(repository: Path, decoupled: bool | None, parameters: dict[s
     """A copy of the repository (in a temporary directory) with every model set to the transaction policy (None: as
     they are), `tensorrt_llm`'s `parameters` set (configure.set_model_parameters) and its instance count (None: as
     it is); `parameters` are checked as the model (run by `executor`, None: the config's) will read them."""
+    from ..params import ConfigError
     from .configure import MODEL_NAME, set_decoupled, set_model_parameters, with_instances
-    from .params import ConfigError
 
     copy = Path(tempfile.mkdtemp(prefix="trtllm-triton-repository-")) / repository.name
     shutil.copytree(repository, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -345,10 +345,10 @@ def repository_copy(repository: Path, decoupled: bool | None, parameters: dict[s
 def check_served_parameters(repository: Path, executor: str | None) -> None:
     """The repository's `tensorrt_llm` settings read as the model will read them, before tritonserver starts
     (ConfigError names the first bad one)."""
+    from ..executors import check_parameters
+    from ..model_yaml import embedded_parameters, read_model_yaml
+    from ..triton.text_pipeline import config_parameters
     from .configure import MODEL_NAME
-    from .executors import check_parameters
-    from .model_yaml import embedded_parameters, read_model_yaml
-    from .text_pipeline import config_parameters
 
     model_yaml = repository / MODEL_NAME / "1" / "model.yaml"
     if not model_yaml.is_file():
@@ -361,8 +361,8 @@ def check_served_parameters(repository: Path, executor: str | None) -> None:
 
 def unary_llmapi_model(repository: Path) -> bool:
     """Whether the repository's `tensorrt_llm` is an LLM API model whose model.yaml says decoupled: False."""
+    from ..model_yaml import read_model_yaml
     from .configure import MODEL_NAME
-    from .model_yaml import read_model_yaml
 
     path = repository / MODEL_NAME / "1" / "model.yaml"
     return path.is_file() and not read_model_yaml(path).triton.decoupled
@@ -372,10 +372,10 @@ def checkpoint_assignment(repository: Path, executor: str | None, checkpoint: Pa
     """The `--set` that serves `checkpoint` in this repository (model.yaml's `model`; config.pbtxt's `model_dir` for
     the embedded engine, `hf_model_path` for the LLM API executor); ValueError when the executor takes none, or the
     embedded engine cannot run it."""
+    from ..embedded.model_loading import check_checkpoint
+    from ..model_yaml import read_model_yaml
+    from ..triton.text_pipeline import config_parameters
     from .configure import MODEL_NAME
-    from .embedded.model_loading import check_checkpoint
-    from .model_yaml import read_model_yaml
-    from .text_pipeline import config_parameters
 
     model_yaml = repository / MODEL_NAME / "1" / "model.yaml"
     if model_yaml.is_file():
@@ -394,10 +394,10 @@ def checkpoint_assignment(repository: Path, executor: str | None, checkpoint: Pa
 def machine_instances(repository: Path, parameters: dict[str, str], executor: str | None) -> int | None:
     """The instance count this machine serves `repository` with when its tensorrt_llm has the one instance the
     shipped config gives (instances.default_instance_count), said on stdout with how to change it; None: as it is."""
+    from ..params import Params
+    from ..triton.instances import CORES_PER_STUB, MAX_DEFAULT_INSTANCES, default_instance_count, usable_cores
+    from ..triton.text_pipeline import config_parameters
     from .configure import INSTANCE_GROUP, MODEL_NAME
-    from .instances import CORES_PER_STUB, MAX_DEFAULT_INSTANCES, default_instance_count, usable_cores
-    from .params import Params
-    from .text_pipeline import config_parameters
 
     config = repository / MODEL_NAME / "config.pbtxt"
     group = INSTANCE_GROUP.search(config.read_text()) if config.is_file() else None
@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         # gRPC's older client stack, before grpc is loaded: a request reaches Triton sooner without the EventEngine
         # client's thread handoffs (0.1 ms of every first token on 2 cores, bench/openai.py).
         os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client")
-        from .openai_frontend.app import run as run_openai
+        from ..openai_frontend.app import run as run_openai
 
         urls = [url for value in args.triton_url for url in value.split(",") if url]
         run_openai(urls, args.host, args.port, args.executor, args.log_level, args.max_body_bytes,
@@ -501,8 +501,8 @@ def main(argv: list[str] | None = None) -> int:
             args.assignments.insert(0, checkpoint_assignment(repository, args.executor, args.model.resolve()))
         except ValueError as exc:
             parser.error(str(exc))
+    from ..params import ConfigError
     from .configure import parse_assignments
-    from .params import ConfigError
 
     try:
         parameters = parse_assignments(args.assignments)

@@ -6,28 +6,32 @@ SIGSEGV, both by overflowing the stack of one of its HTTP threads (8 MiB, from R
 unlimited): a body sent as application/x-www-form-urlencoded (what `curl -d` sends), which libevhtp decodes into
 two arrays on the stack as long as the body (a 4.2 MB body ends it), and JSON nested about 100,000 levels deep
 (a 300 KB body of `[`), which rapidjson parses recursively, plain or gzip-compressed. `serve` therefore starts
-Triton's HTTP and metrics listeners on loopback ports and this guard on the public ones. The guard reads each
-request's head and body, refuses one over the bounds below with a JSON error (`{"error": ...}`, as Triton's own)
-and closes that connection, and passes every other request through unchanged; the responses come back byte for
-byte, streams as they are sent. gRPC does not pass here: Triton reads it with gRPC's own parser, and the model
-refuses each input over its bound (docs/security.md).
+Triton's HTTP and metrics listeners on loopback ports and this guard on the public ones (a thread of `serve`), and
+so does deploy/launch_trtllm.sh in NVIDIA's container (`python -m trtllm_model.launch.http_guard`, a process beside
+tritonserver). The guard reads each request's head and body, refuses one over the bounds below with a JSON error
+(`{"error": ...}`, as Triton's own) and closes that connection, and passes every other request through unchanged;
+the responses come back byte for byte, streams as they are sent. gRPC does not pass here: Triton reads it with
+gRPC's own parser, and the model refuses each input over its bound (docs/security.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import re
+import signal
 import socket
+import sys
 import threading
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
-from .request_checks import MAX_GUIDE_BYTES
-from .server import LOOPBACK
+from ..pipeline.request_checks import MAX_GUIDE_BYTES
+from ..server import LOOPBACK
 
 # Request line and headers together. Longer than any header a client of this server sends (the admin key, a
 # trace context), and bounds the query string libevhtp decodes on the stack the same way as a form body.
@@ -269,3 +273,39 @@ async def _drain(client: asyncio.StreamReader) -> None:
         async with asyncio.timeout(DRAIN_S):
             while await client.read(1 << 20):
                 pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The guard as a process of its own, for a tritonserver started without `serve`: it serves until SIGTERM (or
+    Ctrl-C, where its parent did not turn that off) and then exits 0; a port it cannot take exits 1 at once."""
+    parser = argparse.ArgumentParser(
+        prog="python -m trtllm_model.launch.http_guard",
+        description="Bound every HTTP request on PORT before tritonserver, listening on UPSTREAM_PORT on "
+                    f"{LOOPBACK}, reads it; pass the rest through unchanged.")
+    parser.add_argument("--host", default="0.0.0.0", help="the address the public ports are taken on (0.0.0.0)")
+    parser.add_argument("--route", action="append", required=True, type=_route_ports, metavar="PORT=UPSTREAM_PORT",
+                        help="a public port and tritonserver's loopback port behind it (repeat for each)")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job of a shell ignores it: keep that
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        guard = HttpGuard([Route(args.host, port, upstream) for port, upstream in args.route])
+    except OSError as error:
+        print(f"http_guard: cannot listen on {args.host}: {error}", file=sys.stderr)
+        return 1
+    stop.wait()
+    guard.close()
+    return 0
+
+
+def _route_ports(text: str) -> tuple[int, int]:
+    port, equals, upstream = text.partition("=")
+    if not equals or not port.isdigit() or not upstream.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PORT=UPSTREAM_PORT")
+    return int(port), int(upstream)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .executor_interface import IterationStats
+from ..executor_interface import IterationStats
 from .request_context import RequestContext
 
 log = logging.getLogger(__name__)
