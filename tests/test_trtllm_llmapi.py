@@ -219,6 +219,14 @@ def test_stop_words_of_several_tokens_use_the_llm_tokenizer(executor):
     assert steps[-1].finish_reason is FinishReason.STOP_WORDS
 
 
+def test_the_llm_api_does_not_detokenize_what_only_the_poller_reads(executor):
+    # Its decode of each step would run in the stub for text nobody reads; stop strings keep it on.
+    collect_until_final(executor, {executor.enqueue(GenerationRequest([1000], 2))})
+    assert executor._llm.requests[-1][0].detokenize is False
+    collect_until_final(executor, {executor.enqueue(GenerationRequest([77], 5, stop_words=[[80, 81]]))})
+    assert executor._llm.requests[-1][0].detokenize is True
+
+
 def test_end_of_sequence_beams_and_sequences(executor):
     eos = executor.enqueue(GenerationRequest([253], 50))  # the fake tokenizer's EOS is 256
     beams = executor.enqueue(GenerationRequest([1000], 2, beam_width=2))

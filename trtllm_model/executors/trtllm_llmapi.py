@@ -100,6 +100,10 @@ class LlmApiExecutor(Executor):
         check_request(request, self.vocab_size, self.max_logits_bytes)
         kwargs = sampling_kwargs(request, self.tokenizer(), float_tensor)
         kwargs.update(guided_decoding_kwargs(request, self.guided_decoding_params_cls))
+        if "stop" not in kwargs and "bad" not in kwargs:
+            # Only token ids are read here (the poller detokenizes), so the LLM API's own decode of every step, in
+            # this process, is work for nothing; word strings keep it (the API may match them on its text).
+            kwargs["detokenize"] = False
         if request.logits_post_processor is not None:
             if request.logits_post_processor not in self._processors:
                 raise RequestRejected(f"sampling_param_logits_post_processor_name={request.logits_post_processor!r}: "
