@@ -53,6 +53,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--max-num-tokens", type=int, default=256,
+                        help="the engine's step budget (on CUDA its warm-up compiles every prompt size up to it)")
     args = parser.parse_args()
     model = smollm2_shaped(args.layers, args.device, getattr(torch, args.dtype))
     generator = torch.Generator().manual_seed(1)
@@ -65,6 +67,7 @@ def main() -> None:
 
     for deterministic in (False, True):
         def engine(deterministic: bool = deterministic, **kwargs) -> TransformersExecutor:
+            kwargs.setdefault("max_num_tokens", args.max_num_tokens)
             return TransformersExecutor(model, None, max_batch_size=8, deterministic=deterministic, **kwargs)
 
         results = {}
