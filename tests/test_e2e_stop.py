@@ -140,14 +140,15 @@ def test_a_stop_after_cancellations_over_the_llm_api_is_bounded(tmp_path, stream
     With the clients' streams closed the server stops cleanly at once. A client that keeps a gRPC stream open which
     carried a request keeps tritonserver 2.51 from unloading the model (finalize is never called; the executor's own
     shutdown takes 0.01 s) and from exiting, even past its exit timeout: that was the "could not unload within 15 s"
-    (bench/llmapi_stop_shutdown.py: 10 of 10 runs with the streams held). `serve` now kills it after the exit timeout
-    and a margin, so the stop is bounded either way."""
+    (bench/llmapi_stop_shutdown.py: 10 of 10 runs with the streams held). A stream the client cancels just as its last
+    response is written does the same (Triton fixed that race in 25.04). Every instance marks that it answered
+    everything and released, so `serve` ends tritonserver itself once only Triton holds the model: exit 0, well
+    inside the exit timeout, either way."""
     from test_e2e_trtllm_fakes import FAKE_ENVIRONMENT, repository_with_fake
     from triton_client import tensor
     from trtllm_support import make_checkpoint_dir
 
-    from trtllm_model.launch.cli import EXIT_KILL_MARGIN_S, UNLOAD_SETTLE_S
-    from trtllm_model.server import EXIT_TIMEOUT_S
+    from trtllm_model.launch.cli import HELD_SETTLE_S, UNLOAD_SETTLE_S
 
     checkpoint = make_checkpoint_dir(tmp_path / "checkpoint")
     repository = repository_with_fake(tmp_path, {"executor": "trtllm_llmapi", "hf_model_path": str(checkpoint)},
@@ -168,7 +169,7 @@ def test_a_stop_after_cancellations_over_the_llm_api_is_bounded(tmp_path, stream
             stopper.close()
         started = time.monotonic()
         os.kill(server.process.pid, signal.SIGTERM)
-        limit = UNLOAD_SETTLE_S + EXIT_TIMEOUT_S + EXIT_KILL_MARGIN_S + 5 if streams_left_open else GONE_WITHIN_S
+        limit = UNLOAD_SETTLE_S + 2 * HELD_SETTLE_S + GONE_WITHIN_S if streams_left_open else GONE_WITHIN_S
         code = server.process.wait(limit)
         while any(_alive(pid) for pid in tree):
             assert time.monotonic() - started < limit, f"still running: {[p for p in tree if _alive(p)]}"
@@ -181,6 +182,6 @@ def test_a_stop_after_cancellations_over_the_llm_api_is_bounded(tmp_path, stream
                 os.kill(pid, signal.SIGKILL)
     log = server.log()
     if streams_left_open:
-        assert code == 1 and "killing it and its models" in log, log[-3000:]
+        assert code == 0 and "ending tritonserver now" in log and "Exit timeout expired" not in log, log[-3000:]
     else:
         assert code == 0 and "Exit timeout expired" not in log, log[-3000:]

@@ -153,7 +153,13 @@ class StreamClient:
         self._call.cancel()
 
     def close(self) -> None:
+        """End the stream as a well-behaved client does once every request has its final response: half-close, wait
+        for the server to end the call, then close the channel. A close with requests still open cancels them.
+        (A channel closed as the server writes a last response can leave tritonserver 2.51 holding that request,
+        and so its model, until it exits: the race `serve`'s stop handles, see held_by_triton_only.)"""
         self._requests.put(None)
+        if all(result.done.is_set() for result in self.results.values()):
+            self.call_ended.wait(10)
         self.channel.close()
 
 

@@ -25,6 +25,11 @@ LOOPBACK = "127.0.0.1"
 # `serve` tells the models where the server's HTTP endpoint is, so that they ask it whether they are still served
 # (triton_io.model_ready) instead of pb_utils.is_model_ready, which can crash the stub while the server stops.
 READY_URL_ENV = "TRTLLM_TRITON_HTTP_URL"
+# `serve` gives the models a directory where each `tensorrt_llm` instance marks that it loaded and, once it has
+# answered every request and let go of its executor, that it released (mark_instance). A stop reads it
+# (released_models): tritonserver 2.51 can keep such a model loaded for good (gRPC stream cancellation races its last
+# response, fixed in Triton 25.04; a client holding its stream open does it too), and then nothing is left to wait for.
+INSTANCE_STATE_ENV = "TRTLLM_TRITON_INSTANCE_STATE_DIR"
 # How long tritonserver waits for its models to unload on a stop before it exits anyway. Every open stream ends
 # within about a second of a stop (see docs/reliability.md); set Kubernetes' terminationGracePeriodSeconds above it.
 EXIT_TIMEOUT_S = 15
@@ -89,6 +94,22 @@ def server_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(extra or {})
     return env
+
+
+def mark_instance(model: str, state: str) -> None:
+    """Record that this process's instance of `model` reached `state` ("loaded" or "released"), where `serve` asked."""
+    directory = os.environ.get(INSTANCE_STATE_ENV)
+    if directory and os.path.isdir(directory):
+        Path(directory, f"{model}.{os.getpid()}.{state}").touch()
+
+
+def released_models(directory: Path) -> set[str]:
+    """The models whose every loaded instance has released (mark_instance)."""
+    marks = [path.name.rsplit(".", 1) for path in directory.iterdir()] if directory.is_dir() else []
+    loaded = {instance for instance, state in marks if state == "loaded"}
+    released = {instance for instance, state in marks if state == "released"}
+    pending = {instance.rsplit(".", 1)[0] for instance in loaded - released}
+    return {instance.rsplit(".", 1)[0] for instance in loaded} - pending
 
 
 def admin_key(environ: dict[str, str] | os._Environ = os.environ) -> str:
@@ -156,6 +177,8 @@ class ServerOptions:
     triton_http_port: int | None = None
     triton_metrics_port: int | None = None
     admin_key: str = field(default_factory=admin_key, repr=False)
+    # The Python backend's shared-memory region names start with this (None: its default).
+    shm_region_prefix: str | None = None
 
 
 def server_command(options: ServerOptions) -> list[str]:
@@ -183,6 +206,8 @@ def server_command(options: ServerOptions) -> list[str]:
         f"--log-verbose={options.log_verbose}",
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         *restricted_api_args(options.admin_key),
+        *([f"--backend-config=python,shm-region-prefix-name={options.shm_region_prefix}"]
+          if options.shm_region_prefix else []),
         *(() if cuda_driver_present() else CPU_HOST_ARGS),
         *options.extra_args,
     ]

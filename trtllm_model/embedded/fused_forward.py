@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import invariant_attention
 from .kv_cache import KvBlockPool, StepInputs
 
 
@@ -53,6 +54,7 @@ class _PartAttention:
     tables: torch.Tensor  # [rows, width]
     mask: torch.Tensor | None  # additive; None and no `positions`: causal (one row from position 0)
     positions: torch.Tensor | None  # [rows], decode rows for the paged kernel (which needs no mask)
+    query_positions: torch.Tensor  # [rows, queries]
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -70,10 +72,13 @@ def supports(model: torch.nn.Module) -> bool:
 class FusedForward:
     """`__call__(parts, pool)`: `[rows, vocab]` float32 logits at each row's last query, as the runner's forward
     gives; in each part a row has one query (decode) or a prompt's chunk, left-padded (prefill). `compile` False
-    (the CPU's default: inductor's C++ would compile for minutes at load on a small host) runs the pieces eagerly."""
+    (the CPU's default: inductor's C++ would compile for minutes at load on a small host) runs the pieces eagerly.
+    `invariant`: every token's numbers the same whatever shares its forward (`invariant_attention`; measured on the
+    CPU): rows padded to a multiple of four through the matrix products, and attention in fixed key tiles."""
 
-    def __init__(self, model: torch.nn.Module, compile: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, compile: bool = True, invariant: bool = False) -> None:
         self.compiled = self.pads = compile
+        self.invariant = invariant
         config = model.config
         body = model.model
         self.embed = body.embed_tokens
@@ -85,9 +90,10 @@ class FusedForward:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scaling = body.layers[0].self_attn.scaling
-        # Decode rows' attention as one kernel a layer (CUDA, where Triton runs it); else gathered blocks and SDPA.
-        self.decode_attention: Callable | None = _paged_decode_attention(self.embed.weight.device, self.heads,
-                                                                         self.kv_heads, self.head_dim)
+        # Decode rows' attention as one kernel a layer (CUDA, where Triton runs it); else gathered blocks and SDPA
+        # (or, invariant, `invariant_attention`).
+        self.decode_attention: Callable | None = None if invariant else _paged_decode_attention(
+            self.embed.weight.device, self.heads, self.kv_heads, self.head_dim)
         with torch.no_grad():
             self.layers = [
                 _LayerWeights(
@@ -118,6 +124,9 @@ class FusedForward:
         # the graphs' buckets. Eager pieces (the CPU) take the tokens as they are: padding there is only work.
         prompt = any(queries > 1 for _, queries in shapes)
         padded, head_rows = (padded_count(tokens), padded_count(rows)) if prompt and self.pads else (tokens, rows)
+        if self.invariant:
+            padded = invariant_attention.padded_rows(tokens)
+            head_rows = invariant_attention.padded_rows(rows if ends is None else ends.shape[0])
         ids = _joined([part.input_ids.reshape(-1) for part in parts])
         positions = _joined([part.positions.reshape(-1) for part in parts])[None]
         if padded > tokens:  # padding tokens: id 0 at position 0, never attended to nor written to the pool
@@ -128,7 +137,9 @@ class FusedForward:
         attending, last_tokens, offset = [], [], 0
         for part, (part_rows, queries) in zip(parts, shapes):
             mask = positions = None  # neither: a prompt's first chunk, one row, eager: causal (see `_attend`)
-            if queries == 1 and self.decode_attention is not None:
+            if self.invariant:  # `invariant_attention` masks by the queries' positions
+                pass
+            elif queries == 1 and self.decode_attention is not None:
                 positions = part.positions.reshape(-1)  # the paged kernel's bound for each row: no mask
             elif self.pads or queries == 1 or part_rows > 1 or int(part.positions[0, 0]) != 0:
                 # Additive, in the model's dtype, made once: SDPA would convert a boolean mask in every layer. With
@@ -139,13 +150,15 @@ class FusedForward:
                 if queries > 1:
                     mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
             attending.append(_PartAttention(offset, part_rows * queries, part_rows, part.slot_mapping,
-                                            part.block_tables, mask, positions))
+                                            part.block_tables, mask, positions, part.positions))
             if ends is None:
                 last_tokens.append(torch.arange(offset + queries - 1, offset + part_rows * queries, queries,
                                                 device=hidden.device))
             offset += part_rows * queries
         if ends is not None:
             rows = ends.shape[0]
+            if head_rows > rows:  # the last token again (read on the device: no wait, nothing in a graph)
+                ends = torch.cat([ends, ends[-1:].expand(head_rows - rows)])
         else:
             ends = _joined(last_tokens)  # each row's last token; the head's padding rows read the last row's again
             if head_rows > rows:
@@ -184,6 +197,8 @@ class FusedForward:
         rows, mask = part.rows, part.mask
         keys.view(-1, kv_heads, dim).index_copy_(0, part.slots, key)
         values.view(-1, kv_heads, dim).index_copy_(0, part.slots, value)
+        if self.invariant:
+            return invariant_attention.attention(query, keys, values, part.tables, part.query_positions, self.scaling)
         if part.positions is not None:
             return self.decode_attention(query, keys, values, part.tables, part.positions, self.scaling)
         flat_tables = part.tables.reshape(-1)

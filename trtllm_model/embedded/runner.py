@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import os
 
 import numpy as np
 import torch
@@ -46,8 +47,11 @@ class ModelRunner:
         static_shapes: bool | None = None,
         cuda_graphs: bool = True,
         fused_forwards: bool | None = None,
+        deterministic: bool | None = None,
     ) -> None:
-        """`fused_forwards` None or True: for the models `fused_forward` supports (prefill and decode forwards)."""
+        """`fused_forwards` None or True: for the models `fused_forward` supports (prefill and decode forwards).
+        `deterministic` (None: on the CPU): a token's numbers the same whatever shares its forward (fused forwards
+        only, `invariant_attention`)."""
         self.model = model
         use_grouped_decode_attention(model)
         config = model.config
@@ -63,7 +67,14 @@ class ModelRunner:
         self.static_shapes = self.device.type == "cuda" if static_shapes is None else static_shapes
         # Compiled on CUDA; eager on the CPU, where a forward's weights read once for decode rows and a prompt's
         # chunk together is the gain (`mixes_prompts`).
-        self.fused_forward = (fused_forward.FusedForward(model, compile=self.device.type == "cuda")
+        self.deterministic = self.device.type == "cpu" if deterministic is None else deterministic
+        if self.deterministic and self.device.type == "cuda":
+            # cuBLAS reads its workspace setting when its handle is made (the first product); warn_only: the
+            # sampler's cumsum has no deterministic CUDA kernel and would otherwise fail the request.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.fused_forward = (fused_forward.FusedForward(model, compile=self.device.type == "cuda",
+                                                         invariant=self.deterministic)
                               if fused_forwards is not False and fused_forward.supports(model) else None)
         # What a prompt forward costs beyond its padded tokens, in tokens (`scheduler.prefill_groups`). On an H200 a
         # prompt forward cost the host 13-83 ms whatever its shape, far more than its GPU time (about 1 us a padded

@@ -187,7 +187,7 @@ def _sample_rows(logits: torch.Tensor, states: list[SamplingState]) -> tuple[tor
     device = logits.device
     temperature = to_device([p.temperature for p in params], device, logits.dtype)
     scaled = logits / temperature[:, None]
-    log_total = torch.logsumexp(scaled, -1)
+    log_total = _logsumexp_by_row(scaled)
     draws = to_device([state.generator.random() for state in states], device, torch.float64)
     tokens = torch.empty(len(states), dtype=torch.long, device=device)
     uncut = [row for row, p in enumerate(params) if not p.top_k and p.top_p >= 1.0]
@@ -210,6 +210,15 @@ def _sample_rows(logits: torch.Tensor, states: list[SamplingState]) -> tuple[tor
     tokens = torch.where(finite, tokens, logits.argmax(-1))
     log_probs = torch.where(finite, scaled.gather(1, tokens[:, None])[:, 0] - log_total, float("-inf"))
     return tokens, log_probs
+
+
+def _logsumexp_by_row(scaled: torch.Tensor) -> torch.Tensor:
+    """`torch.logsumexp` over each row, each row summed in one order whatever the row count: torch's CPU reduction
+    splits a lone row's sum over its intra-op threads (the low bits of a sampled row's log prob then changed with
+    the rows sampled beside it and the thread count), so a lone row goes with a copy of itself."""
+    if scaled.shape[0] == 1 and scaled.device.type == "cpu":
+        return torch.logsumexp(scaled.expand(2, -1).contiguous(), -1)[:1]
+    return torch.logsumexp(scaled, -1)
 
 
 def _rows(rows: list[int], count: int, device: torch.device) -> torch.Tensor | slice:

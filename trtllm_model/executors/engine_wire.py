@@ -63,6 +63,7 @@ class EngineSpec:
     overlap_steps: bool | None = None  # embedded/engine.py; None: on CUDA only
     fused_forward: bool | None = None  # embedded/fused_forward.py; None: where the model is supported
     decode_steps: int | None = None  # embedded/engine.py; None: the device's default (engine.default_decode_steps)
+    deterministic: bool | None = None  # embedded/invariant_attention.py; None: on the CPU
 
 
 @dataclass(slots=True)

@@ -334,7 +334,8 @@ def build_engine(spec: EngineSpec, send_steps: Callable[[list[Step]], None]):
         torch.set_num_threads(spec.torch_threads)
     elif spec.device == "cpu":
         FreeCoreThreads().start().attach(loaded.model)
-    runner = ModelRunner(loaded.model, cuda_graphs=spec.cuda_graphs, fused_forwards=spec.fused_forward)
+    runner = ModelRunner(loaded.model, cuda_graphs=spec.cuda_graphs, fused_forwards=spec.fused_forward,
+                         deterministic=spec.deterministic)
     overlap = runner.device.type == "cuda" if spec.overlap_steps is None else spec.overlap_steps
     decode_steps = default_decode_steps(runner.device, spec.decode_steps)
     memory = spec.kv_cache_memory_bytes

@@ -60,6 +60,11 @@ Parameters (config.pbtxt), beyond the common and NVIDIA ones:
                    attentions (embedded/fused_forward.py). On CUDA they are torch.compile'd at load and replayed
                    inside the CUDA graphs; on CPU they run eagerly, and a step's prompt chunks share its decode
                    forward (the weights read once). false, or another architecture: transformers' own forward
+  deterministic    true (the default on CPU): a request's tokens and log probs the same, bit for bit, whatever ran
+                   before it and whatever shares its batch (a prefix-cache hit, a chunked prefill, other requests,
+                   the thread count): matrix products over rows padded to a multiple of four and attention in fixed
+                   key tiles (embedded/invariant_attention.py). Fused forwards only (a Llama-family model). On CUDA
+                   (default false) it also turns on torch.use_deterministic_algorithms; not measured on a GPU
 Read from the common/NVIDIA names: max_batch_size (default 64), max_input_len (default max_num_tokens),
 max_output_len, tokenizer_dir, max_queue_size, iter_stats_max_iterations.
 
@@ -117,7 +122,8 @@ PARAMETERS = frozenset(
     {"model_dir", "model_cache_dir", "device", "dtype", "torch_threads", "max_num_tokens", "kv_cache_memory_bytes",
      "engine_process", "enable_kv_cache_reuse", "cuda_graphs", "max_guide_bytes", "guide_compile_timeout_s",
      "max_guide_cache_bytes",
-     "engine_heartbeat_timeout_s", "prefill_stall_factor", "overlap_steps", "decode_steps", "fused_forward"}
+     "engine_heartbeat_timeout_s", "prefill_stall_factor", "overlap_steps", "decode_steps", "fused_forward",
+     "deterministic"}
 )
 
 DEFAULT_MAX_BATCH_SIZE = 64
@@ -159,10 +165,12 @@ class TransformersExecutor(Executor):
         overlap_steps: bool | None = None,
         fused_forward: bool | None = None,
         decode_steps: int | None = None,
+        deterministic: bool | None = None,
     ) -> None:
         """The engine on a thread of this process (`overlap_steps` None: on CUDA only; `decode_steps` None: the
-        device's default; `fused_forward` None: for the models it supports)."""
-        self.runner = ModelRunner(model, cuda_graphs=cuda_graphs, fused_forwards=fused_forward)
+        device's default; `fused_forward` None: for the models it supports; `deterministic` None: on the CPU)."""
+        self.runner = ModelRunner(model, cuda_graphs=cuda_graphs, fused_forwards=fused_forward,
+                                  deterministic=deterministic)
         overlap = self.runner.device.type == "cuda" if overlap_steps is None else overlap_steps
         decode_steps = default_decode_steps(self.runner.device, decode_steps)
         memory = kv_cache_memory_bytes
@@ -387,6 +395,7 @@ def settings(params: Params) -> dict:
         "overlap": params.bool("overlap_steps", True) and device != "cpu",
         "decode_steps": params.int("decode_steps", None, minimum=1, maximum=DEFAULT_BLOCK_SIZE),
         "fused": params.bool("fused_forward", True),
+        "deterministic": params.bool("deterministic", device == "cpu"),
         "guide_limits": (params.int("max_guide_bytes", DEFAULT_MAX_GUIDE_BYTES, minimum=1),
                          params.float("guide_compile_timeout_s", DEFAULT_GUIDE_COMPILE_TIMEOUT_S, minimum=0.001),
                          params.int("max_guide_cache_bytes", DEFAULT_MAX_GUIDE_CACHE_BYTES, minimum=4)),
@@ -420,7 +429,7 @@ def create(params: Params, shared_as: str | None = None, peers: int = 1) -> Exec
             cuda_graphs=s["cuda_graphs"], guide_compile_timeout_s=s["guide_limits"][1],
             max_guide_cache_bytes=s["guide_limits"][2],
             prefill_stall_factor=s["stall_factor"], overlap_steps=s["overlap"], fused_forward=s["fused"],
-            decode_steps=s["decode_steps"],
+            decode_steps=s["decode_steps"], deterministic=s["deterministic"],
         )
         executor = TransformersExecutor.in_worker_process(
             spec,
@@ -459,6 +468,7 @@ def create(params: Params, shared_as: str | None = None, peers: int = 1) -> Exec
         overlap_steps=s["overlap"],
         fused_forward=s["fused"],
         decode_steps=s["decode_steps"],
+        deterministic=s["deterministic"],
     ), s["guide_limits"])
 
 

@@ -26,6 +26,7 @@ from ..server import (
     DEFAULT_REPOSITORY,
     EXECUTOR_OVERRIDE_ENV,
     EXIT_TIMEOUT_S,
+    INSTANCE_STATE_ENV,
     READY_URL_ENV,
     ServerOptions,
     admin_headers,
@@ -34,6 +35,7 @@ from ..server import (
     free_ports,
     is_ready,
     ports_in_use,
+    released_models,
     server_command,
     server_environment,
     set_thread_stack_limit,
@@ -53,6 +55,9 @@ GROUP_EXIT_GRACE_S = 3.0
 # How long a stop waits for the models to unload before it signals tritonserver (a client holding its stream open
 # keeps a model from ever unloading).
 UNLOAD_SETTLE_S = 5.0
+# A stop ends tritonserver itself once the models still loaded have stayed so this long with every instance released
+# (see held_by_triton_only).
+HELD_SETTLE_S = 1.0
 # After a stub was lost, the time the other models get to unload (the lost one's model never does) before the server
 # is killed.
 LOST_STUB_SETTLE_S = 2.0
@@ -80,7 +85,11 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
     options = dataclasses.replace(options, triton_http_port=triton_http_port, triton_metrics_port=triton_metrics_port)
     guard = HttpGuard([Route(options.host, options.http_port, triton_http_port),
                        Route(options.host, options.metrics_port, triton_metrics_port)])
-    extra_env = {READY_URL_ENV: f"http://{connect_host}:{options.http_port}"}
+    # Where the instances mark that they loaded and released (server.mark_instance), and the prefix of the Python
+    # backend's shared-memory regions, which a tritonserver that was killed leaves in /dev/shm: both go when it does.
+    state_dir = Path(tempfile.mkdtemp(prefix="trtllm-triton-instances-"))
+    options = dataclasses.replace(options, shm_region_prefix=f"trtllm_triton_{os.getpid()}_")
+    extra_env = {READY_URL_ENV: f"http://{connect_host}:{options.http_port}", INSTANCE_STATE_ENV: str(state_dir)}
     if not verbose:
         extra_env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # transformers' "Loading weights" bars too
     if options.executor:
@@ -105,6 +114,7 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
 
     stopping = threading.Event()
     killed = threading.Event()
+    ended_early = threading.Event()  # every request answered, the models held by tritonserver alone: exit 0
 
     def forward(signum, _frame):
         if process.poll() is not None:
@@ -124,6 +134,16 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         time.sleep(SIGNAL_SETTLE_S)
         if is_ready(connect_host, options.http_port):
             unload_models(connect_host, options.http_port, options.admin_key)
+        held = held_by_triton_only(connect_host, options.http_port, options.admin_key, state_dir)
+        if held and process.poll() is None:
+            print(f"trtllm-triton: every request is answered and every instance of {', '.join(held)} has let go, but "
+                  "tritonserver 2.51 keeps it loaded (a client's gRPC stream is still open, or was cancelled as its "
+                  "last response left; fixed in Triton 25.04): ending tritonserver now rather than after its "
+                  f"{EXIT_TIMEOUT_S} s exit timeout", file=sys.stderr, flush=True)
+            ended_early.set()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # its own process group: the released stubs go with it
+            return
         if process.poll() is None:
             process.send_signal(signum)
         try:
@@ -167,7 +187,7 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         frontend = start_openai_frontend(options, connect_host, openai_port, openai_access_log, served_model_name)
     try:
         code = process.wait()
-        return 1 if killed.is_set() else code
+        return 1 if killed.is_set() else 0 if ended_early.is_set() else code
     finally:
         stopping.set()
         if process.poll() is None:  # serve itself failed: its server goes with it
@@ -182,6 +202,10 @@ def serve(options: ServerOptions, ready_timeout_s: float, openai_port: int | Non
         if frontend is not None:
             stop_process(frontend)
         guard.close()
+        shutil.rmtree(state_dir, ignore_errors=True)
+        for region in Path("/dev/shm").glob(f"{options.shm_region_prefix}*"):
+            with contextlib.suppress(OSError):
+                region.unlink()
 
 
 def forward_output(source, target, noise: tuple[str, ...] = ()) -> None:
@@ -286,6 +310,30 @@ def ready_banner(host: str, options: ServerOptions, openai_port: int | None = No
         lines.append(f"  OpenAI   http://{host}:{openai_port}/v1{how}")
     lines.append(f"  model-repository API (load, unload, index): only with header {ADMIN_HEADER} (key: {key_source})")
     return "\n".join(lines) + "\n"
+
+
+def held_by_triton_only(host: str, http_port: int, key: str, state_dir: Path) -> list[str]:
+    """The models tritonserver still holds though nothing of theirs runs: every model still loaded or unloading is
+    either one whose instances all released (server.mark_instance: each answered every request and let go of its
+    executor) or one without instances of ours (the ensemble, the text models), and at least one instance released;
+    twice, HELD_SETTLE_S apart. Empty when anything may still be answering or the server is gone."""
+    held: list[str] = []
+    for attempt in range(2):
+        if attempt:
+            time.sleep(HELD_SETTLE_S)
+        try:
+            states = model_states(host, http_port, key, timeout_s=2)
+        except OSError:
+            return []
+        released = released_models(state_dir)
+        marked = {path.name.rsplit(".", 2)[0] for path in state_dir.iterdir()} if state_dir.is_dir() else set()
+        if not released or any(state == "READY" for state in states.values()):
+            return []
+        live = sorted(name for name, state in states.items() if state == "UNLOADING")
+        if not live or any(name in marked and name not in released for name in live):
+            return []
+        held = live
+    return held
 
 
 def unload_models(host: str, http_port: int, key: str, settle_s: float = UNLOAD_SETTLE_S) -> None:

@@ -28,6 +28,10 @@ MAX_QUESTIONS_PER_S = 500
 Item = TypeVar("Item")
 
 
+# How often a watch with nothing open asks whether its model is being unloaded.
+IDLE_UNLOAD_CHECK_S = 0.5
+
+
 class UnloadProbe:
     """Whether the server confirms that `model` is being unloaded or that it is stopping, asked over its HTTP address.
 
@@ -116,7 +120,11 @@ class StreamWatch(Generic[Item]):
             if not items:
                 with self._wake:
                     if self._running and not list(self._open_items()):
-                        self._wake.wait()  # nothing in flight: sleep until notify() (or stop)
+                        self._wake.wait(IDLE_UNLOAD_CHECK_S)  # nothing in flight: until notify() (or stop), or a look
+                # An idle instance sees an unload too, and releases its executor: a stop waits for every instance's
+                # release (launch/cli.py, held_by_triton_only), and Triton may never finalize a model a client holds.
+                if self._running and not self.unload_seen and not list(self._open_items()):
+                    self._check_unloading()
                 continue
             # A period first: a request that just arrived has not been cancelled yet, and asking (a round trip
             # each) while its first step is starting would only compete with it.

@@ -30,7 +30,7 @@ from ..model_yaml import LlmApiConfig, embedded_parameters, model_yaml_path, rea
 from ..params import Params, parameters_from_model_config
 from ..pipeline.build_limits import request_limits
 from ..process_watch import exit_when_ended
-from ..server import EXECUTOR_OVERRIDE_ENV
+from ..server import EXECUTOR_OVERRIDE_ENV, mark_instance
 from ..serving.metrics import MetricsReporter
 from ..serving.poller import Poller
 from ..serving.request_context import BatchStream, ErrorCode, RequestContext
@@ -134,6 +134,7 @@ class TritonPythonModel:
         self.poller.start()
         if _in_stub():  # a stub that outlives tritonserver (a stop that ran out of time) holds its engine for nothing
             exit_when_ended(os.getppid(), "tritonserver")
+        mark_instance(self.model_name, "loaded")
 
     def execute(self, requests: list) -> None:
         with self.poller.executing(len(requests)):
@@ -238,6 +239,7 @@ class TritonPythonModel:
             # decoupled model once every factory is released), so cycles go now, not at some later allocation.
             gc.collect()
             self._released = True
+            mark_instance(self.model_name, "released")
 
     def finalize(self) -> None:
         self._release()
