@@ -40,6 +40,19 @@ def test_only_the_servers_own_not_ready_answer_is_an_unload(ready_server):
     assert probe()
 
 
+def test_not_ready_before_the_model_was_ever_ready_is_a_load_not_an_unload(ready_server):
+    # An idle instance asks from its start, while tritonserver still loads the other models (serve's guard answers
+    # 503 then): that once ended a fresh instance's executor before its model had served anything.
+    url, answers = ready_server
+    probe = UnloadProbe(url, "tensorrt_llm")
+    answers["tensorrt_llm"] = 503
+    assert not probe() and not probe()
+    answers["tensorrt_llm"] = 200
+    assert not probe()
+    answers["tensorrt_llm"] = 503
+    assert probe()
+
+
 def test_a_proxy_in_the_environment_is_not_asked(ready_server, monkeypatch):
     # urllib honoured http_proxy: a proxy that refuses (or answers 502) made the model stop serving for good.
     url, _ = ready_server

@@ -35,8 +35,10 @@ IDLE_UNLOAD_CHECK_S = 0.5
 class UnloadProbe:
     """Whether the server confirms that `model` is being unloaded or that it is stopping, asked over its HTTP address.
 
-    Confirmed means: the server answers the model's readiness with a non-200 status (a model being unloaded), or the
-    address that answered before now refuses connections (tritonserver closes its endpoints first when it stops).
+    Confirmed means: the model was seen ready, and now the server answers its readiness with a non-200 status (a
+    model being unloaded), or the address refuses connections (tritonserver closes its endpoints first when it stops).
+    Before the model is first seen ready it is loading (an idle instance asks from the start, while tritonserver still
+    loads the other models and `serve`'s guard answers 503 for it): nothing is an unload then.
     Plain http.client to the address `trtllm-triton serve` gave, so no proxy from the environment answers for the
     server. Anything else (a timeout, a reset, an address that never answered) is not an unload: a model that
     stopped serving on a network hiccup would fail every stream while Triton kept sending it traffic."""
@@ -46,7 +48,7 @@ class UnloadProbe:
         self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
         self.path = f"{url.path.rstrip('/')}/v2/models/{urllib.parse.quote(model)}/ready"
         self.timeout_s = timeout_s
-        self.answered = False  # the server answered at this address at least once
+        self.seen_ready = False  # the server answered 200 for the model at least once
 
     def __call__(self) -> bool:
         connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
@@ -54,16 +56,17 @@ class UnloadProbe:
             connection.request("GET", self.path)
             status = connection.getresponse().status
         except ConnectionRefusedError:
-            if not self.answered:
-                log.warning("readiness address %s:%d refuses connections; not counted as an unload", self.host, self.port)
-            return self.answered
+            if not self.seen_ready:
+                log.debug("readiness address %s:%d refuses connections before the model was ready", self.host, self.port)
+            return self.seen_ready
         except (OSError, http.client.HTTPException) as exc:
             log.debug("readiness unknown: %s", exc)
             return False
         finally:
             connection.close()
-        self.answered = True
-        return status != 200
+        if status == 200:
+            self.seen_ready = True
+        return status != 200 and self.seen_ready
 
 
 class StreamWatch(Generic[Item]):
@@ -123,7 +126,9 @@ class StreamWatch(Generic[Item]):
                         self._wake.wait(IDLE_UNLOAD_CHECK_S)  # nothing in flight: until notify() (or stop), or a look
                 # An idle instance sees an unload too, and releases its executor: a stop waits for every instance's
                 # release (launch/cli.py, held_by_triton_only), and Triton may never finalize a model a client holds.
-                if self._running and not self.unload_seen and not list(self._open_items()):
+                # Only over HTTP: the stub's own readiness query now and then crashes a server that stops by itself.
+                if (self._running and not self.unload_seen and isinstance(self._unloading, UnloadProbe)
+                        and not list(self._open_items())):
                     self._check_unloading()
                 continue
             # A period first: a request that just arrived has not been cancelled yet, and asking (a round trip
