@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 from test_layering import PACKAGE, imported_modules
@@ -24,6 +27,7 @@ from trtllm_model.openai_frontend.text_stream import TextStream
 from trtllm_model.openai_frontend.triton_pool import ModelInfo, api_error_from_triton, generation_request
 
 TOKENIZER = SyntheticTokenizer()  # ids under 256 are bytes: a token per character
+TESTS_DIR = Path(__file__).resolve().parent
 
 
 def stream_text(text: str, stops: list[str], chunk: int = 1) -> tuple[list[str], TextStream]:
@@ -301,6 +305,30 @@ async def http_call(app, method: str, path: str, chunks: list[bytes] = (), heade
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return status, json.loads(body), read
+
+
+def test_the_lifespan_unfreezes_at_shutdown_so_the_interpreter_exits_without_a_leak_report():
+    """Startup freezes what it made (gc.freeze); shutdown must unfreeze it, or the modules' reference cycles outlive the
+    interpreter's last collection and triton's nanobind extension (torch imports it) reports every object it has as
+    leaked at exit (about 30 lines, at the end of `make test` too: the tests here run the lifespan in pytest's
+    process)."""
+    script = """
+import asyncio, gc, types
+import triton  # noqa: F401
+import test_openai_frontend as t
+
+async def scenario():
+    async with t.running_app(types.SimpleNamespace(setattr=setattr)):
+        assert gc.get_freeze_count() > 0
+
+asyncio.run(scenario())
+assert gc.get_freeze_count() == 0
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], cwd=TESTS_DIR, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "nanobind" not in done.stderr, done.stderr
 
 
 def test_a_body_over_the_limit_is_413_without_reading_it(monkeypatch):

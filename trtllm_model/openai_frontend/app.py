@@ -308,6 +308,10 @@ def create_app(urls: list[str], executor: str | None = None, banner: str | None 
             print(banner, flush=True)
         yield
         await pool.close()
+        # Frozen objects are never collected, not even by the interpreter's last collection at exit: the modules'
+        # reference cycles would outlive it, and a nanobind extension among them (triton's, which torch imports)
+        # prints each of its objects as a leak.
+        gc.unfreeze()
 
     app = FastAPI(title="trtllm-triton OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None)
 
