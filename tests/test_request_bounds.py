@@ -85,6 +85,15 @@ def test_input_ids_over_max_input_len_are_refused_from_the_shape_and_input_lengt
     assert parse(padded).generation.input_ids == [0, 0, 0]
 
 
+@pytest.mark.parametrize("count", [-1, 21, 2**31 - 1])
+def test_num_top_log_probs_outside_0_to_20_is_refused(count):
+    limits = Limits(max_input_len=16, max_output_len=64, vocab_size=1000, executor_name="transformers",
+                    optional_inputs=frozenset({"top_log_probs"}))
+    with pytest.raises(InvalidInput, match=r"num_top_log_probs=-?\d+: must be at (least 0|most 20)"):
+        parse(request(num_top_log_probs=np.array([[count]], np.int32)), limits=limits)
+    assert parse(request(num_top_log_probs=np.array([[20]], np.int32)), limits=limits).generation.num_top_log_probs == 20
+
+
 # -- word lists ---------------------------------------------------------------------------------------------------
 
 def test_a_token_word_list_longer_than_the_bound_is_refused_from_its_shape():
