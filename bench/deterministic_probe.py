@@ -14,11 +14,16 @@ probs equal its first run's, and the largest difference.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-import torch
+# MKL reads its reproducibility mode at the process's first product, which the `deterministic` false runs here make
+# first (the server's stub asks for it before its model loads: embedded/row_invariance.py).
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

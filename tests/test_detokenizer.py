@@ -33,9 +33,13 @@ def tokenizer():
     return load_tokenizer()
 
 
-def streamed(tokenizer, ids: list[int], chunks: list[int]) -> list[str]:
+# One token-length table shared by every stream of a test run, as model.py shares one between a model's requests.
+SHARED_LENGTHS: dict[int, int] = {}
+
+
+def streamed(tokenizer, ids: list[int], chunks: list[int], token_lengths: dict[int, int] | None = None) -> list[str]:
     """Push `ids` in chunks of the given sizes (cycled), then flush; returns the deltas."""
-    detokenizer = IncrementalDetokenizer(tokenizer)
+    detokenizer = IncrementalDetokenizer(tokenizer, token_lengths=token_lengths)
     deltas, start, index = [], 0, 0
     while start < len(ids):
         size = chunks[index % len(chunks)] if chunks else 1
@@ -76,6 +80,8 @@ def test_random_token_sequences_concatenate_to_full_decode(tokenizer, data):
     ids = data.draw(st.lists(token, max_size=80), label="ids")
     chunks = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=8), label="chunks")
     assert "".join(streamed(tokenizer, ids, chunks)) == full_decode(tokenizer, ids)
+    # The same deltas with the token lengths kept across streams (what earlier examples left in the table)
+    assert streamed(tokenizer, ids, chunks, SHARED_LENGTHS) == streamed(tokenizer, ids, chunks)
 
 
 def test_long_runs_of_partial_characters_stay_exact(tokenizer):
@@ -117,6 +123,19 @@ def test_a_one_token_stream_decodes_once(tokenizer):
     detokenizer = IncrementalDetokenizer(recording)
     assert detokenizer.push([token]) + detokenizer.flush() == full_decode(tokenizer, [token])
     assert recording.decoded == [[token]]
+
+
+def test_a_push_decodes_once_with_its_tokens_lengths_known(tokenizer):
+    """A push that sends everything restarts the window at its last token: that token's text length comes from the
+    shared table (filled by earlier streams), not from a second decode."""
+    ids = tokenizer.encode(" The capital of France is Paris, a city of art.", add_special_tokens=False)
+    lengths: dict[int, int] = {}
+    first = streamed(tokenizer, ids, [1], lengths)  # fills the table
+    recording = RecordingDecodes(tokenizer)
+    detokenizer = IncrementalDetokenizer(recording, token_lengths=lengths)
+    deltas = [detokenizer.push([token]) for token in ids] + [detokenizer.flush()]
+    assert deltas == first and "".join(deltas) == full_decode(tokenizer, ids)
+    assert len(recording.decoded) == len(ids)  # one decode a push
 
 
 def test_chat_template_wraps_one_user_message(tokenizer):

@@ -90,3 +90,12 @@ def test_a_prompt_the_tokenizer_refuses_fails_alone():
                               tokenizer)
     assert outcomes[0].generation.input_ids == [4] and outcomes[2].generation.input_ids == [5]
     assert isinstance(outcomes[1], ValueError) and "refused 'bad'" in str(outcomes[1])
+
+
+@pytest.mark.parametrize("executor_name, says", [("synthetic", "the synthetic executor"), ("", "this executor")])
+def test_an_optional_input_the_executor_lacks_is_refused_naming_the_executor(tokenizer, executor_name, says):
+    limits = Limits(max_input_len=64, max_output_len=64, executor_name=executor_name)
+    request = {**_text("Hi"), "return_context_logits": np.array([[True]])}
+    with pytest.raises(InvalidInput, match=f"^return_context_logits: {says} does not support it$") as refused:
+        parse_request(request, {}, limits, tokenizer)
+    assert refused.value.unsupported

@@ -41,8 +41,13 @@ class Limits:
     optional_inputs: frozenset[str] = frozenset()
     # `decoupled: false` in config.pbtxt: exactly one response per request, so streaming is refused.
     decoupled: bool = True
-    # Executor name, for error messages.
-    executor_name: str = "this"
+    # Executor name, for error messages ("" where the caller did not say).
+    executor_name: str = ""
+
+    @property
+    def executor_label(self) -> str:
+        """How an error message names the executor: "the transformers executor", or "this executor"."""
+        return f"the {self.executor_name} executor" if self.executor_name else "this executor"
 
 
 @dataclass(slots=True)

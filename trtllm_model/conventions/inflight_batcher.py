@@ -388,7 +388,7 @@ def _refuse_unsupported(tensors: dict[str, np.ndarray], limits: Limits) -> None:
             continue
         for name in names:
             if name in tensors and _asks(tensors[name]):
-                raise InvalidInput(f"{name}: the {limits.executor_name} executor does not support it", unsupported=True)
+                raise InvalidInput(f"{name}: {limits.executor_label} does not support it", unsupported=True)
 
 
 def _top_k_top_p(scalars) -> tuple[int | None, float | None]:

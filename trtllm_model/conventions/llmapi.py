@@ -204,7 +204,7 @@ def request_parser(
     if "text_input" not in tensors:
         raise InvalidInput("text_input: required")
     if tokenizer is None:
-        raise InvalidInput(f"text_input: the {limits.executor_name} executor has no tokenizer", unsupported=True)
+        raise InvalidInput(f"text_input: {limits.executor_label} has no tokenizer", unsupported=True)
     prompts = tensors["text_input"].reshape(-1)
     if prompts.size != 1:
         raise InvalidInput(f"text_input: expected one prompt per request, got {prompts.size} "
@@ -222,10 +222,10 @@ def request_parser(
                            f"logits_post_processors in model.yaml (available: {available})")
     best_of = _int(tensors, "sampling_param_best_of", 1, minimum=1)
     if best_of != 1:
-        raise InvalidInput(f"sampling_param_best_of={best_of}: the {limits.executor_name} executor returns one "
+        raise InvalidInput(f"sampling_param_best_of={best_of}: {limits.executor_label} returns one "
                            "sequence per request (best_of 1)", unsupported=True)
     if processor and "logits_post_processor" not in options.executor_features:
-        raise InvalidInput(f"sampling_param_logits_post_processor_name: the {limits.executor_name} executor runs no "
+        raise InvalidInput(f"sampling_param_logits_post_processor_name: {limits.executor_label} runs no "
                            "logits post-processors", unsupported=True)
 
     stop_items = tensors.get("sampling_param_stop", np.empty(0)).reshape(-1).tolist()
@@ -324,7 +324,7 @@ def _lora(tensors: dict[str, np.ndarray], enabled: bool, executor_name: str) -> 
         if executor_name == "trtllm_llmapi":
             raise InvalidInput("lora_path: this model's LLM takes no LoRA adapters (model.yaml sets no lora_config)",
                                unsupported=True)
-        raise InvalidInput(f"lora_path: LoRA adapters by path need executor trtllm_llmapi, not {executor_name}",
+        raise InvalidInput(f"lora_path: LoRA adapters by path need executor trtllm_llmapi, not {executor_name or 'this one'}",
                            unsupported=True)
     source = _string(tensors, "lora_ckpt_source") or "hf"
     if source not in LORA_CKPT_SOURCES:

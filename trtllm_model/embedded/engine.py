@@ -138,6 +138,7 @@ class Engine:
         self._error: str | None = None
         self._stopping = False
         self._warm = threading.Event()  # set once the warm-up is over, done or failed (`wait_warm`)
+        self._froze_gc = False  # the warm-up took what loading left out of the collector's reach (CUDA)
         self._thread = threading.Thread(target=self._run, name="transformers-engine", daemon=True)
         self._thread.start()
 
@@ -239,6 +240,10 @@ class Engine:
                 self._ready.notify_all()
         finally:
             self._warm.set()  # after the error is set: a failed warm-up is read by `wait_warm`
+            if self._froze_gc:
+                # What the warm-up froze goes back to the collector when the engine ends: frozen objects are never
+                # freed, and the extensions' leak reports (nanobind) at the interpreter's exit would name them.
+                gc.unfreeze()
 
     def _warm_up(self) -> None:
         """Before the first request (`wait_warm`): the decode steps' CUDA graphs and the prompt forwards' compiles,
@@ -260,6 +265,7 @@ class Engine:
             # project's CPU machine, and one landing mid-run stalls every stream.
             gc.collect()
             gc.freeze()
+            self._froze_gc = True
 
     def _next_iteration(self) -> bool:
         with self._lock:

@@ -24,12 +24,12 @@ Only plain Llama layers are taken (`supports`); anything else keeps transformers
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
-from . import invariant_attention
+from . import invariant_attention, row_invariance
 from .kv_cache import KvBlockPool, StepInputs
 
 
@@ -107,6 +107,17 @@ class FusedForward:
                 )
                 for layer in body.layers
             ]
+            # Invariant on the CPU: the products run in the dtype whose rows this host keeps invariant
+            # (`row_invariance`); float32 copies of the weights where their own dtype's are not.
+            if invariant and self.lm_head.device.type == "cpu":
+                first = self.layers[0]
+                products = row_invariance.product_dtype([first.qkv, first.output, first.gate_up, first.down,
+                                                         self.lm_head])
+                if products != self.lm_head.dtype:
+                    self.lm_head = self.lm_head.to(products)
+                    self.layers = [replace(layer, qkv=layer.qkv.to(products), output=layer.output.to(products),
+                                           gate_up=layer.gate_up.to(products), down=layer.down.to(products))
+                                   for layer in self.layers]
         wrap: Callable = (lambda function: torch.compile(function, fullgraph=True)) if compile else (lambda f: f)
         self._first = wrap(self._attention_inputs)
         self._between = wrap(self._between_attentions)
@@ -224,7 +235,7 @@ class FusedForward:
                           sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The layer's rotated query `[tokens, heads, dim]`, key and value `[tokens, kv_heads, dim]`."""
         rows, dim = hidden.shape[0], self.head_dim
-        projected = F.linear(_rms_norm(hidden, norm, self.eps), qkv)
+        projected = _linear(_rms_norm(hidden, norm, self.eps), qkv)
         query, key, value = projected.split([self.heads * dim, self.kv_heads * dim, self.kv_heads * dim], dim=-1)
         query = _rotated(query.view(rows, self.heads, dim), cos, sin)
         key = _rotated(key.view(rows, self.kv_heads, dim), cos, sin)
@@ -233,9 +244,9 @@ class FusedForward:
     def _layer_output(self, hidden: torch.Tensor, attention: torch.Tensor, output: torch.Tensor,
                       post_norm: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
         """The residual stream after the layer's attention output and MLP."""
-        hidden = hidden + F.linear(attention, output)
-        gate, up = F.linear(_rms_norm(hidden, post_norm, self.eps), gate_up).chunk(2, dim=-1)
-        return hidden + F.linear(F.silu(gate) * up, down)
+        hidden = hidden + _linear(attention, output)
+        gate, up = _linear(_rms_norm(hidden, post_norm, self.eps), gate_up).chunk(2, dim=-1)
+        return hidden + _linear(F.silu(gate) * up, down)
 
     def _between_attentions(self, hidden, attention, output, post_norm, gate_up, down, next_norm, next_qkv, cos, sin):
         hidden = self._layer_output(hidden, attention, output, post_norm, gate_up, down)
@@ -244,7 +255,15 @@ class FusedForward:
     def _last_logits(self, hidden, attention, output, post_norm, gate_up, down, final_norm, lm_head,
                      last) -> torch.Tensor:
         hidden = self._layer_output(hidden, attention, output, post_norm, gate_up, down)[last]
-        return F.linear(_rms_norm(hidden, final_norm, self.eps), lm_head).float()
+        return _linear(_rms_norm(hidden, final_norm, self.eps), lm_head).float()
+
+
+def _linear(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`hidden @ weight.T` in the weight's dtype, the result in the hidden states' (`row_invariance`: float32
+    weights under bfloat16 hidden states, for a host whose bfloat16 products are not row-invariant)."""
+    if hidden.dtype == weight.dtype:
+        return F.linear(hidden, weight)
+    return F.linear(hidden.to(weight.dtype), weight).to(hidden.dtype)
 
 
 def _paged_decode_attention(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> Callable | None:

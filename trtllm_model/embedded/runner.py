@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import fused_forward
+from . import fused_forward, row_invariance
 from .block_manager import TRASH_BLOCK
 from .decode_graphs import DecodeGraphs, bucket
 from .kv_cache import KvBlockPool, PagedCache, StepInputs
@@ -68,6 +68,8 @@ class ModelRunner:
         # Compiled on CUDA; eager on the CPU, where a forward's weights read once for decode rows and a prompt's
         # chunk together is the gain (`mixes_prompts`).
         self.deterministic = self.device.type == "cpu" if deterministic is None else deterministic
+        if self.deterministic and self.device.type == "cpu":
+            row_invariance.ask_for_reproducible_blas()  # in time if no product ran yet (the fused forward checks)
         if self.deterministic and self.device.type == "cuda":
             # cuBLAS reads its workspace setting when its handle is made (the first product); warn_only: the
             # sampler's cumsum has no deterministic CUDA kernel and would otherwise fail the request.

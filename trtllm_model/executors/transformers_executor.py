@@ -81,6 +81,7 @@ from contextlib import AbstractContextManager, nullcontext, suppress
 
 import torch
 
+from ..embedded import row_invariance
 from ..embedded.cpu_share import FreeCoreThreads
 from ..embedded.engine import GRAPH_PREFILL_ROWS, Engine, EngineConfig, EngineDead, default_decode_steps
 from ..embedded.guided import (
@@ -420,6 +421,8 @@ def create(params: Params, shared_as: str | None = None, peers: int = 1) -> Exec
     server) and the same parameters share one worker."""
     s = settings(params)
     device, dtype, threads = s["device"], s["dtype"], s["threads"]
+    if device == "cpu" and s["deterministic"]:
+        row_invariance.ask_for_reproducible_blas()  # before any product: the model's load, the worker's start
     if s["engine_process"]:
         spec = EngineSpec(
             model_dir=s["model_dir"], tokenizer_dir=s["tokenizer_dir"], cache_dir=s["cache_dir"], device=device,

@@ -8,7 +8,8 @@ incremental: it would change text already sent). Each push decodes a short windo
   first token it decodes (SentencePiece) still puts the space in the delta;
 - while the window's text ends with U+FFFD the last token ended inside a multi-byte character: that tail is held
   back until a later token completes it, or `flush` sends it at the end of the stream.
-The window restarts at the last token whenever everything is sent, so a push costs two decodes of a few tokens.
+The window restarts at the last token whenever everything is sent, so a push costs one decode of a few tokens: the
+restarted window's text length is that one token's, kept by token id (a model's detokenizers share the table).
 """
 
 from __future__ import annotations
@@ -21,12 +22,17 @@ REPLACEMENT_CHAR = "\ufffd"
 # bytes, never in real text) sends all but its last U+FFFD: in byte-level decoding (GPT-2 style, SmolLM2) later
 # bytes can only change that one.
 MAX_WINDOW_TOKENS = 64
+# Token ids whose decoded length a table keeps (a vocabulary's worth of small ints: a few MiB at most).
+MAX_KEPT_LENGTHS = 262_144
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True,
+                 token_lengths: dict[int, int] | None = None) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # len(decode([id])) by token id, for this tokenizer and skip_special_tokens; shareable between detokenizers.
+        self._lengths = {} if token_lengths is None else token_lengths
         self._window: list[int] = []
         self._sent = 0  # characters of decode(window) already returned
         self._held = 0  # characters of decode(window) not returned yet
@@ -66,7 +72,18 @@ class IncrementalDetokenizer:
         if len(self._window) <= keep:  # already that window (a stream's first token): no decode needed
             return
         self._window = self._window[-keep:]
-        self._sent = len(self._decode(self._window)) - self._held
+        if keep == 1:  # every push that sent everything: the token's length, not a second decode a response
+            self._sent = self._token_length(self._window[0]) - self._held
+        else:
+            self._sent = len(self._decode(self._window)) - self._held
+
+    def _token_length(self, token_id: int) -> int:
+        length = self._lengths.get(token_id)
+        if length is None:
+            length = len(self._decode([token_id]))
+            if len(self._lengths) < MAX_KEPT_LENGTHS:
+                self._lengths[token_id] = length
+        return length
 
 
 def chat_prompt_text(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:

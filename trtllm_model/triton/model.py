@@ -255,11 +255,12 @@ class TritonPythonModel:
         if self.tokenizer is None:
             return None
         tokenizer = self.tokenizer
+        token_lengths: dict[int, int] = {}  # shared by every request's detokenizer (the same tokenizer and options)
 
         def new_detokenizer():
             from ..pipeline.detokenizer import IncrementalDetokenizer
 
-            return IncrementalDetokenizer(tokenizer)
+            return IncrementalDetokenizer(tokenizer, token_lengths=token_lengths)
 
         return new_detokenizer
 
