@@ -28,9 +28,10 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/trtllm-triton serve $(if $(LAYOUT),--layout $(LAYOUT)) $(if $(DECOUPLED),--decoupled $(DECOUPLED)) $(ARGS)
 
+# --durations=30: each run ends with the 30 slowest setups, calls and teardowns (what the suite's time goes to).
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=30 $(PYTEST_ARGS)
 
 # The edit-test loop: every test that starts no tritonserver (those are marked e2e; conftest refuses a server to
 # an unmarked test). `make test` stays the whole suite.

@@ -209,6 +209,7 @@ def test_configured_repository_serves_nvidias_five_models(tmp_path):
         bls = client.infer("tensorrt_llm_bls", text_request(PROMPT, 8), outputs=wanted).as_numpy("text_output")
         assert manual.shape == (1, 1) and manual[0][0]
         assert manual.reshape(-1).tolist() == ensemble.reshape(-1).tolist() == bls.reshape(-1).tolist()
+        client.close()  # a kept-alive connection would hold the server's stop for the whole exit timeout (15 s)
     finally:
         server.stop()
 

@@ -21,6 +21,10 @@ from trtllm_model.server import cuda_driver_present
 
 pytestmark = pytest.mark.e2e
 
+# A response `requests` still holds keeps its connection open, and tritonserver's stop waits its whole exit timeout
+# (15 s) for open HTTP connections: the one request closes its own.
+ONE_SHOT = {"Connection": "close"}
+
 
 def test_version_names_the_installed_package():
     result = subprocess.run([sys.executable, "-m", "trtllm_model.launch.cli", "--version"], capture_output=True, text=True,
@@ -36,7 +40,7 @@ def test_a_cpu_host_first_screen_has_no_error_lines_tables_or_first_request_warn
     server = start_server(tmp_path, models=("tensorrt_llm", "ensemble", "preprocessing", "postprocessing",
                                             "tensorrt_llm_bls"))
     try:
-        answer = requests.post(f"{server.http_url}/v2/models/tensorrt_llm/generate", timeout=120,
+        answer = requests.post(f"{server.http_url}/v2/models/tensorrt_llm/generate", timeout=120, headers=ONE_SHOT,
                                json={"text_input": "What is the capital of France?", "max_tokens": 4})
         assert answer.status_code == 200, answer.text
         log = server.log()
@@ -85,7 +89,7 @@ def test_serve_model_serves_a_checkpoint_directory_and_refuses_another_architect
     checkpoint = write_tiny_checkpoint(tmp_path / "tiny", layers=2, hidden=64)
     server = start_server(tmp_path / "served", executor=None, serve_args=["--model", str(checkpoint)])
     try:
-        answer = requests.post(f"{server.http_url}/v2/models/tensorrt_llm/generate", timeout=120,
+        answer = requests.post(f"{server.http_url}/v2/models/tensorrt_llm/generate", timeout=120, headers=ONE_SHOT,
                                json={"text_input": "What is the capital of France?", "max_tokens": 6, "min_tokens": 6})
         assert answer.status_code == 200 and answer.json()["text_output"]  # random weights: some words
         assert f"model_dir={checkpoint}" in server.log()  # serve says what it serves

@@ -66,7 +66,9 @@ def server(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return httpclient.InferenceServerClient(server.http_url.removeprefix("http://"), concurrency=8, network_timeout=300)
+    client = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"), concurrency=8, network_timeout=300)
+    yield client
+    client.close()  # its kept-alive connections would hold the server's stop for the whole exit timeout (15 s)
 
 
 def answer(result) -> tuple[list[bytes], list[float], float]:

@@ -59,7 +59,9 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return httpclient.InferenceServerClient(server.http_url.removeprefix("http://"), concurrency=16, network_timeout=300)
+    client = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"), concurrency=16, network_timeout=300)
+    yield client
+    client.close()  # its kept-alive connections would hold the server's stop for the whole exit timeout (15 s)
 
 
 def three_models(client, prompt: str, max_tokens: int) -> np.ndarray:
