@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 import time
 
@@ -68,6 +69,25 @@ def test_an_address_that_never_answered_is_no_confirmation():
     (dead,) = free_ports(1)
     probe = UnloadProbe(f"http://127.0.0.1:{dead}", "tensorrt_llm")
     assert not probe() and not probe()  # refused, and never answered: a wrong address, not a stop
+
+
+def test_an_answer_that_is_not_http_is_no_confirmation(ready_server):
+    url, _ = ready_server
+    probe = UnloadProbe(url, "tensorrt_llm")
+    assert not probe()  # seen ready
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_garbage():
+        for answer in (b"SSH-2.0-not-http\r\n", b""):
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(4096)
+                connection.sendall(answer)
+
+    threading.Thread(target=answer_garbage, daemon=True).start()
+    probe.port = listener.getsockname()[1]
+    assert not probe() and not probe()  # a foreign answer, then a closed connection: unknown, not an unload
+    listener.close()
 
 
 def test_the_servers_address_closing_after_it_answered_is_a_stop(ready_server):
